@@ -1,0 +1,96 @@
+"""Turn-level failure labels (SEAL_METHOD.md §3): the taxonomy and the rule that picks one label per turn.
+
+``label_turn`` is pure: it takes the executable evidence gathered for one ground-truth turn (by the BFCL
+adapter) and returns ``(label, cause)``. The first matching rule of the §3 table wins. The cause records the
+finer failure kind the paper names, in the paper's priority order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# label -> base utility rho_z (None: excluded from weighting and statistics)
+BASE_UTILITY: dict[str, float | None] = {
+    "gt_error": None,
+    "spurious_tool_call": 2.0,
+    "correct_abstention": 1.8,
+    "empty_turn_model_response": 1.5,
+    "instance_mismatch": 0.6,
+    "checker_error": None,
+    "state_mismatch": 1.0,
+    "response_mismatch": 0.9,
+    "pass": 1.0,
+}
+LABELS = tuple(BASE_UTILITY)
+EXCLUDED_LABELS = frozenset(label for label, utility in BASE_UTILITY.items() if utility is None)
+SUCCESS_LABELS = frozenset({"pass", "correct_abstention"})
+
+# Causes, highest priority first (paper §3; missing_tool_call sits between recovery and response mismatch).
+CAUSES = (
+    "invalid_tool_call",
+    "argument_mismatch",
+    "state_mismatch",
+    "recovery_failure",
+    "missing_tool_call",
+    "response_mismatch",
+)
+
+
+@dataclass
+class TurnEvidence:
+    """What replaying one ground-truth turn showed. Filled by the environment adapter."""
+
+    gt_calls: int  # number of ground-truth calls in the turn
+    model_calls: int  # calls the model attempted (parsed or not)
+    executed_calls: int  # calls that reached a visible tool
+    gt_error: str | None = None
+    checker_error: str | None = None
+    instances_match: bool = True
+    state_match: bool = True
+    response_match: bool = True
+    parse_errors: int = 0  # unparseable call text
+    unknown_tools: int = 0  # calls to tools not visible this turn
+    argument_errors: int = 0  # tool errors about missing/unexpected/mistyped arguments
+    unrepaired_tool_error: bool = False  # a tool error in the turn was not followed by a successful call
+    differences: list[str] = field(default_factory=list)  # human-readable evidence
+
+
+def label_turn(evidence: TurnEvidence) -> tuple[str, str | None]:
+    """Return (label, cause) for one ground-truth turn; cause is None for success labels."""
+    e = evidence
+    if e.gt_error:
+        label = "gt_error"
+    elif e.gt_calls == 0:
+        label = "spurious_tool_call" if e.model_calls > 0 else "correct_abstention"
+    elif e.executed_calls == 0:
+        label = "empty_turn_model_response"
+    elif not e.instances_match:
+        label = "instance_mismatch"
+    elif e.checker_error:
+        label = "checker_error"
+    elif not e.state_match:
+        label = "state_mismatch"
+    elif not e.response_match:
+        label = "response_mismatch"
+    else:
+        label = "pass"
+    if label in SUCCESS_LABELS or label in EXCLUDED_LABELS:
+        return label, None
+    return label, failure_cause(e, label)
+
+
+def failure_cause(e: TurnEvidence, label: str) -> str | None:
+    """The finer failure kind behind a failure label, first match in the paper's priority order."""
+    if e.parse_errors or e.unknown_tools:
+        return "invalid_tool_call"
+    if e.argument_errors:
+        return "argument_mismatch"
+    if label in ("state_mismatch", "instance_mismatch"):
+        return "state_mismatch"
+    if e.unrepaired_tool_error:
+        return "recovery_failure"
+    if label == "spurious_tool_call":
+        return None  # the call itself is the failure; none of the paper's kinds fits better
+    if label == "empty_turn_model_response" or e.executed_calls < e.gt_calls:
+        return "missing_tool_call"
+    return "response_mismatch"

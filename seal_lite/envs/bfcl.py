@@ -1,0 +1,312 @@
+"""The BFCL multi-turn adapter: tasks, a live environment per episode, the official verdict, turn evidence.
+
+This is the only module that imports ``bfcl_eval``. Three things happen here:
+
+* ``load_tasks`` reads the real BFCL v3 multi-turn entries (shipped as BFCL_v4_multi_turn_*) with their tool
+  docs and ground truth.
+* ``Environment`` holds fresh API instances for one episode and dispatches parsed ``ToolCall``s by
+  ``getattr`` to the methods visible in the current turn: model text is never evaluated.
+* ``official_verdict`` runs bfcl-eval's own ``multi_turn_checker``, and ``turn_evidence`` replays the same
+  calls turn by turn to explain every ground-truth turn. Both hand bfcl-eval only canonical call strings that
+  seal-lite built from parsed literals (``ToolCall.to_python``), because bfcl-eval ``eval``s them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import importlib
+import inspect
+import json
+import uuid
+from dataclasses import dataclass, field
+
+from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+from bfcl_eval.constants.eval_config import MULTI_TURN_FUNC_DOC_PATH, PROMPT_PATH
+from bfcl_eval.constants.executable_backend_config import (
+    CLASS_FILE_PATH_MAPPING,
+    MULTI_TURN_FUNC_DOC_FILE_MAPPING,
+    STATELESS_CLASSES,
+)
+from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as checker
+from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+from seal_lite.diagnosis.labels import TurnEvidence
+from seal_lite.envs.calls import ToolCall, parse_calls
+
+CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
+ERROR_PREFIX = "Error during execution:"
+
+
+@dataclass
+class Task:
+    id: str
+    category: str
+    turns: list[list[dict]]  # user messages per turn ([] for a miss_func turn that only reveals tools)
+    functions: list[dict]  # tool docs visible from the first turn
+    revealed: dict[int, list[dict]]  # turn index -> tool docs that become visible at that turn
+    ground_truth: list[list[str]]  # BFCL call strings per turn
+    initial_config: dict
+    involved_classes: list[str]
+
+    @property
+    def long_context(self) -> bool:
+        return self.category == "long_context"
+
+    def truncated(self, max_turns: int | None) -> "Task":
+        """The same task cut to its first ``max_turns`` turns (its ground truth cut alike)."""
+        if max_turns is None or max_turns >= len(self.turns):
+            return self
+        return dataclasses.replace(self, turns=self.turns[:max_turns], ground_truth=self.ground_truth[:max_turns])
+
+    def visible_functions(self, turn_index: int) -> list[dict]:
+        docs = list(self.functions)
+        for index in sorted(self.revealed):
+            if index <= turn_index:
+                docs.extend(self.revealed[index])
+        return docs
+
+    def user_message(self, turn_index: int) -> str:
+        """The text of a user turn; a reveal-only turn gets BFCL's own 'more functions' prompt."""
+        messages = self.turns[turn_index]
+        if not messages:
+            return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+        return "\n".join(message["content"] for message in messages)
+
+
+def category_of(task_id: str) -> str:
+    category = task_id.removeprefix("multi_turn_").rsplit("_", 1)[0]
+    if category not in CATEGORIES or not task_id.startswith("multi_turn_"):
+        raise KeyError(f"{task_id!r} is not a BFCL multi-turn id like multi_turn_base_0")
+    return category
+
+
+def load_tasks(task_ids: list[str]) -> list[Task]:
+    """Load BFCL multi-turn tasks by id, in the given order. Unknown ids raise KeyError naming them."""
+    tasks = []
+    for task_id in task_ids:
+        entries = _category_entries(category_of(task_id))
+        if task_id not in entries:
+            raise KeyError(f"{task_id!r} is not in bfcl-eval's {category_of(task_id)} data")
+        tasks.append(copy.deepcopy(entries[task_id]))
+    return tasks
+
+
+@functools.lru_cache(maxsize=None)
+def _category_entries(category: str) -> dict[str, Task]:
+    stem = f"BFCL_v4_multi_turn_{category}.json"
+    answers = {entry["id"]: entry["ground_truth"] for entry in _read_jsonl(PROMPT_PATH / "possible_answer" / stem)}
+    tasks = {}
+    for entry in _read_jsonl(PROMPT_PATH / stem):
+        functions = [doc for cls in entry["involved_classes"] for doc in _class_docs(cls)]
+        revealed = {}
+        for turn, names in entry.get("missed_function", {}).items():
+            revealed[int(turn)] = [doc for doc in functions if doc["name"] in names]
+            functions = [doc for doc in functions if doc["name"] not in names]
+        tasks[entry["id"]] = Task(
+            id=entry["id"],
+            category=category,
+            turns=entry["question"],
+            functions=functions,
+            revealed=revealed,
+            ground_truth=answers[entry["id"]],
+            initial_config=entry["initial_config"],
+            involved_classes=entry["involved_classes"],
+        )
+    return tasks
+
+
+@functools.lru_cache(maxsize=None)
+def _class_docs(class_name: str) -> tuple[dict, ...]:
+    return tuple(_read_jsonl(MULTI_TURN_FUNC_DOC_PATH / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
+
+
+def _read_jsonl(path) -> list[dict]:
+    with open(path) as source:
+        return [json.loads(line) for line in source if line.strip()]
+
+
+# --- the live environment ---------------------------------------------------------------------------------
+
+
+@dataclass
+class CallOutcome:
+    call: ToolCall | None  # None when the text could not be parsed
+    result: str
+    status: str  # "ok" | "tool_error" | "argument_error" | "unknown_tool" | "parse_error"
+    canonical: str = ""  # the call as dispatched, in BFCL python form (tools may later mutate argument lists)
+
+    @property
+    def executed(self) -> bool:
+        return self.status in ("ok", "tool_error", "argument_error")
+
+
+def _new_instances(task: Task) -> dict[str, object]:
+    instances = {}
+    for class_name in task.involved_classes:
+        module = importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name])
+        instance = getattr(module, class_name)()
+        if class_name not in STATELESS_CLASSES:
+            instance._load_scenario(copy.deepcopy(task.initial_config.get(class_name, {})), long_context=task.long_context)
+        instances[class_name] = instance
+    return instances
+
+
+class Environment:
+    """Fresh BFCL API instances for one episode; dispatches only to the tools visible in the current turn."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.instances = _new_instances(task)
+        self._methods = {}
+        for instance in self.instances.values():
+            for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
+                if not name.startswith("_"):
+                    self._methods[name] = method
+
+    def run(self, model_text: str, turn_index: int) -> list[CallOutcome]:
+        """Parse one model message and execute its calls; returns one outcome per attempted call."""
+        parsed = parse_calls(model_text)
+        outcomes = [CallOutcome(None, f"Error: could not parse the tool call ({error})", "parse_error") for error in parsed.errors]
+        visible = {doc["name"] for doc in self.task.visible_functions(turn_index)}
+        for call in parsed.calls:
+            outcomes.append(self.execute(call, visible))
+        return outcomes
+
+    def execute(self, call: ToolCall, visible: set[str]) -> CallOutcome:
+        if call.name not in visible or call.name not in self._methods:
+            return CallOutcome(call, f"Error: unknown tool {call.name!r}; available: {', '.join(sorted(visible))}", "unknown_tool")
+        method = self._methods[call.name]
+        try:  # bind first, so positional values get their parameter names in the canonical call
+            bound = inspect.signature(method).bind(*call.positional, **call.arguments)
+        except TypeError as error:  # missing / unexpected argument
+            return CallOutcome(call, f"{ERROR_PREFIX} {error}", "argument_error", call.to_python())
+        call = ToolCall(call.name, dict(bound.arguments))
+        canonical = call.to_python()
+        try:  # a copy: BFCL tools keep and later mutate list arguments (post_tweet's mentions)
+            value = method(**copy.deepcopy(call.arguments))
+        except TypeError as error:
+            return CallOutcome(call, f"{ERROR_PREFIX} {error}", "argument_error", canonical)
+        except Exception as error:  # the tool's own failure is feedback for the agent, not a crash
+            return CallOutcome(call, f"{ERROR_PREFIX} {error}", "tool_error", canonical)
+        status = "tool_error" if isinstance(value, dict) and "error" in value else "ok"
+        return CallOutcome(call, _format_result(value), status, canonical)
+
+
+def _format_result(value) -> str:
+    """Format a tool's return value exactly as bfcl-eval's executor does."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        try:
+            return json.dumps(value)
+        except (TypeError, ValueError):
+            return str(value)
+    return str(value)
+
+
+# --- verdict and evidence ---------------------------------------------------------------------------------
+
+
+def official_verdict(task: Task, steps_per_turn: list[list[list[str]]]) -> dict:
+    """bfcl-eval's multi-turn verdict for canonical call strings grouped per turn and per model step.
+
+    Every check uses a fresh, unique model name so no state is shared through bfcl-eval's module-level
+    instance cache, and that cache is emptied afterwards.
+    """
+    entry = {"id": task.id, "initial_config": task.initial_config, "involved_classes": task.involved_classes}
+    model_name = f"seal_lite_{uuid.uuid4().hex}"
+    try:
+        return checker.multi_turn_checker(steps_per_turn, task.ground_truth, entry, task.category, model_name)
+    except Exception as error:  # a checker crash must not read as a pass or a model failure
+        return {"valid": False, "error_type": "checker_error", "error_message": f"{type(error).__name__}: {error}"}
+    finally:
+        _forget_instances(model_name)
+
+
+def _forget_instances(model_name: str) -> None:
+    cache = vars(multi_turn_utils)
+    for key in [key for key in cache if key.startswith(model_name)]:
+        del cache[key]
+
+
+@dataclass
+class TurnRecord:
+    """What happened in one user turn of an episode."""
+
+    user_text: str
+    outcomes_per_step: list[list[CallOutcome]] = field(default_factory=list)
+
+    def executed_steps(self) -> list[list[str]]:
+        """Canonical call strings per model step, only for calls that reached a tool."""
+        steps = [[o.canonical for o in step if o.executed] for step in self.outcomes_per_step]
+        return [step for step in steps if step]
+
+
+def turn_evidence(task: Task, turns: list[TurnRecord]) -> list[TurnEvidence]:
+    """Replay model calls and ground truth turn by turn on separate instances; one evidence per GT turn."""
+    model_name = f"seal_lite_{uuid.uuid4().hex}"
+    evidences = []
+    all_model_results: list[str] = []
+    try:
+        for index, gt_calls in enumerate(task.ground_truth):
+            record = turns[index] if index < len(turns) else TurnRecord(user_text="")
+            outcomes = [o for step in record.outcomes_per_step for o in step]
+            model_instances, step_results = {}, []
+            for step in record.executed_steps() or [[]]:
+                results, model_instances = _execute(step, task, model_name)
+                step_results.extend(results)
+            all_model_results.extend(step_results)
+            gt_results, gt_instances = _execute(gt_calls, task, model_name + "_ground_truth")
+            evidence = TurnEvidence(
+                gt_calls=len(gt_calls),
+                model_calls=len(outcomes),
+                executed_calls=sum(o.executed for o in outcomes),
+                parse_errors=sum(o.status == "parse_error" for o in outcomes),
+                unknown_tools=sum(o.status == "unknown_tool" for o in outcomes),
+                argument_errors=sum(o.status == "argument_error" for o in outcomes),
+                unrepaired_tool_error=_unrepaired_error(outcomes),
+            )
+            failed_gt = [result for result in gt_results if str(result).startswith(ERROR_PREFIX)]
+            if failed_gt:
+                evidence.gt_error = failed_gt[0][:200]
+            try:
+                _compare(evidence, model_instances, gt_instances, all_model_results, gt_results)
+            except Exception as error:
+                evidence.checker_error = f"{type(error).__name__}: {error}"[:200]
+            evidences.append(evidence)
+    finally:
+        _forget_instances(model_name)
+    return evidences
+
+
+def _execute(calls: list[str], task: Task, model_name: str):
+    return multi_turn_utils.execute_multi_turn_func_call(
+        calls, task.initial_config, task.involved_classes, model_name, task.id,
+        long_context=task.long_context, is_evaL_run=True,
+    )
+
+
+def _compare(evidence: TurnEvidence, model_instances, gt_instances, all_model_results, gt_results) -> None:
+    evidence.instances_match = set(model_instances) == set(gt_instances)
+    if not evidence.instances_match:
+        evidence.differences.append(f"instances {sorted(model_instances)} vs {sorted(gt_instances)}")
+        return
+    for class_name, gt_instance in gt_instances.items():
+        valid, differences = checker._compare_instances(model_instances[class_name], gt_instance)
+        if not valid:
+            evidence.state_match = False
+            evidence.differences.append(f"{class_name} state differs in {', '.join(sorted(differences))}")
+    contained, missing = checker._is_subsequence_unordered(gt_results, all_model_results)
+    if not contained:
+        evidence.response_match = False
+        evidence.differences.append(f"missing results: {json.dumps(missing)[:300]}")
+
+
+def _unrepaired_error(outcomes: list[CallOutcome]) -> bool:
+    """A tool or argument error that no later successful call in the same turn followed."""
+    last_error = max((i for i, o in enumerate(outcomes) if o.status in ("tool_error", "argument_error")), default=None)
+    if last_error is None:
+        return False
+    return not any(o.status == "ok" for o in outcomes[last_error + 1 :])

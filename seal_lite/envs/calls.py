@@ -1,0 +1,169 @@
+"""Safe parsing of model text into tool calls.
+
+Two surface forms are accepted, because the models we train use both:
+
+* Qwen/Hermes style: ``<tool_call>{"name": "cd", "arguments": {"folder": "x"}}</tool_call>``
+* BFCL python-call style: ``[cd(folder='x'), ls()]`` (optionally inside a code fence)
+
+Model text is never executed. Python-style calls are read with ``ast.parse`` and each argument value with
+``ast.literal_eval``, which only builds literals; JSON goes through ``json.loads``. Every value is then
+checked to be JSON-like (str, int, finite float, bool, None, list, dict with str keys). What fails becomes a
+``ParseError`` entry for the turn, never an exception in the loop.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import keyword
+import math
+import re
+from dataclasses import dataclass, field
+
+MAX_CALL_TEXT_CHARS = 20_000  # longer model outputs are rejected before parsing (cost and recursion guard)
+MAX_VALUE_DEPTH = 20
+
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_CODE_FENCE = re.compile(r"```(?:python|py|json)?\s*(.*?)```", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+    positional: tuple = ()  # positional values, bound to parameter names by the environment
+
+    def to_python(self) -> str:
+        """The canonical BFCL call string, e.g. ``cd(folder='x')``.
+
+        Built only from a validated identifier and ``repr`` of JSON-like literals, so the official BFCL
+        checker (which evaluates call strings) receives text we produced, never model text.
+        """
+        args = [repr(value) for value in self.positional]
+        args += [f"{key}={value!r}" for key, value in self.arguments.items()]
+        return f"{self.name}({', '.join(args)})"
+
+
+@dataclass
+class ParsedCalls:
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class _InvalidCall(ValueError):
+    pass
+
+
+def parse_calls(text: str) -> ParsedCalls:
+    """Extract tool calls from one model message. Never raises on any input string."""
+    if len(text) > MAX_CALL_TEXT_CHARS:
+        return ParsedCalls(errors=[f"message too long to parse ({len(text)} > {MAX_CALL_TEXT_CHARS} chars)"])
+    blocks = _TOOL_CALL_BLOCK.findall(text)
+    if blocks:
+        return _collect(blocks, _parse_json_call)
+    candidate = _python_call_candidate(text)
+    if candidate is None:
+        return ParsedCalls()  # plain-text answer: no calls
+    return _collect([candidate], _parse_python_calls)
+
+
+def _collect(chunks, parse_chunk) -> ParsedCalls:
+    parsed = ParsedCalls()
+    for chunk in chunks:
+        try:
+            parsed.calls.extend(parse_chunk(chunk.strip()))
+        except _InvalidCall as error:
+            parsed.errors.append(str(error))
+    return parsed
+
+
+def _python_call_candidate(text: str) -> str | None:
+    fenced = _CODE_FENCE.search(text)
+    body = (fenced.group(1) if fenced else text).strip()
+    if re.fullmatch(r"\[\s*[A-Za-z_]\w*\s*\(.*\)\s*\]", body, re.DOTALL):
+        return body
+    if re.fullmatch(r"[A-Za-z_]\w*\s*\(.*\)", body, re.DOTALL):
+        return body
+    return None
+
+
+def _parse_json_call(block: str) -> list[ToolCall]:
+    try:
+        payload = json.loads(block, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as error:
+        raise _InvalidCall(f"tool_call block is not valid JSON: {str(error)[:80]}") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        raise _InvalidCall('tool_call block must be an object with a "name" string')
+    arguments = payload.get("arguments", payload.get("parameters", {}))
+    if isinstance(arguments, str):  # some models double-encode the arguments
+        try:
+            arguments = json.loads(arguments, parse_constant=_reject_constant)
+        except (ValueError, RecursionError):
+            raise _InvalidCall("arguments string is not valid JSON") from None
+    return [_make_call(payload["name"], arguments)]
+
+
+def _parse_python_calls(source: str) -> list[ToolCall]:
+    try:
+        tree = ast.parse(source, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+        raise _InvalidCall(f"not a valid python call list: {type(error).__name__}") from None
+    nodes = tree.body.elts if isinstance(tree.body, (ast.List, ast.Tuple)) else [tree.body]
+    calls = []
+    for node in nodes:
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+            raise _InvalidCall("each element must be a call of a plain function name, like f(a=1)")
+        positional = []
+        for arg in node.args:
+            if isinstance(arg, ast.Starred):
+                raise _InvalidCall(f"{node.func.id}: *args is not allowed")
+            positional.append(_literal(arg, node.func.id, "a positional argument"))
+        arguments = {}
+        for kw in node.keywords:
+            if kw.arg is None:
+                raise _InvalidCall(f"{node.func.id}: **kwargs is not allowed")
+            arguments[kw.arg] = _literal(kw.value, node.func.id, f"argument {kw.arg}")
+        calls.append(_make_call(node.func.id, arguments, positional))
+    return calls
+
+
+def _literal(node: ast.AST, name: str, what: str):
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        raise _InvalidCall(f"{name}: {what} is not a literal value") from None
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed")
+
+
+def _make_call(name: str, arguments, positional=()) -> ToolCall:
+    if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
+        raise _InvalidCall(f"invalid tool name {name[:40]!r}")
+    if not isinstance(arguments, dict):
+        raise _InvalidCall(f"{name}: arguments must be an object")
+    for key in arguments:
+        if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key):
+            raise _InvalidCall(f"{name}: invalid argument name {str(key)[:40]!r}")
+    return ToolCall(
+        name,
+        {key: _json_like(value, name, 0) for key, value in arguments.items()},
+        tuple(_json_like(value, name, 0) for value in positional),
+    )
+
+
+def _json_like(value, name: str, depth: int):
+    if depth > MAX_VALUE_DEPTH:
+        raise _InvalidCall(f"{name}: argument nested deeper than {MAX_VALUE_DEPTH}")
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _InvalidCall(f"{name}: non-finite number")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_like(item, name, depth + 1) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _json_like(item, name, depth + 1) for key, item in value.items()}
+    raise _InvalidCall(f"{name}: unsupported argument type {type(value).__name__}")

@@ -1,0 +1,186 @@
+"""The recipe: one typed configuration for a run, nested by concern.
+
+The field defaults *are* the CPU quickstart (``recipes/quickstart.yaml`` restates them), so ``seal-lite run``
+with no recipe runs it. Every field carries its help once, in ``description``. Loading a file turns every
+validation problem into one ``RecipeError`` line naming the field, the reason and a fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PolicyConfig(_Section):
+    model: str = Field(
+        "smollm2-135m",
+        description="Policy model: a registry name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
+        "shipped as GGUF in pip packages), a local model directory, a local .gguf file, or a hub id.",
+    )
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description="Training dtype; auto picks bfloat16 (about 1.7x faster than float32 on CPU)."
+    )
+    lora_r: int = Field(8, ge=1, description="LoRA rank.")
+    lora_alpha: int = Field(16, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+
+
+class DataConfig(_Section):
+    split: Literal["train", "eval"] = Field("train", description="Which SEAL split (data/*_ids.txt) to draw tasks from.")
+    num_tasks: int = Field(
+        4, ge=1, le=400, description="Size of the task slice: the first N ids of the split after a seeded shuffle."
+    )
+    categories: list[Literal["base", "miss_func", "miss_param", "long_context"]] = Field(
+        ["base"], min_length=1, description="BFCL multi-turn categories to draw from."
+    )
+    task_ids: list[str] | None = Field(
+        None, description="Explicit BFCL ids (e.g. multi_turn_base_10); overrides split/num_tasks/categories."
+    )
+
+
+class RolloutConfig(_Section):
+    num_generations: int = Field(4, description="G: trajectories per task (the paper uses 8).")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of training rollouts.")
+    max_new_tokens: int = Field(48, ge=8, description="Token budget of one model call.")
+    max_model_calls: int = Field(6, ge=1, description="Model calls per episode, over all turns (paper: 20).")
+    max_calls_per_turn: int = Field(2, ge=1, description="Model calls per user turn before the turn is closed.")
+    max_turns: int | None = Field(
+        2, ge=1, description="Play at most this many user turns per task (None: all). Keeps CPU runs short."
+    )
+    max_context_tokens: int = Field(4096, ge=256, description="Stop the episode before the context exceeds this.")
+
+
+class InterfaceConfig(_Section):
+    schema_cues: bool = Field(True, description="phi_schema: mark required parameters and enums; one rule line.")
+    tool_format: Literal["signatures", "json"] = Field(
+        "signatures",
+        description="How tools appear in the system prompt: one-line signatures (6x fewer tokens) or JSON schemas.",
+    )
+
+
+class GRPOConfig(_Section):
+    steps: int = Field(2, ge=1, description="Number of SEAL steps (policy updates).")
+    tasks_per_step: int = Field(2, ge=1, description="Tasks sampled per step (paper: 32).")
+    learning_rate: float = Field(
+        2e-5, gt=0.0, description="AdamW learning rate (paper: 1e-6 full fine-tuning; LoRA needs more)."
+    )
+    beta: float = Field(0.001, ge=0.0, description="KL coefficient to the reference policy (paper: 0.001).")
+    epsilon: float = Field(0.2, gt=0.0, description="PPO clip range (paper: 0.2).")
+    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field(
+        "dapo", description="TRL loss aggregation; dapo is the paper's token-mean."
+    )
+    diagnosis_weighting: bool = Field(True, description="Multiply advantages by the diagnosis weight w_j.")
+    apply_to: Literal["all", "positive", "negative"] = Field(
+        "all", description="Which advantages the diagnosis weight scales."
+    )
+    closed_loop: bool = Field(True, description="Update label utilities rho each step (SEAL_METHOD.md §5).")
+
+
+class Recipe(_Section):
+    name: str = Field("quickstart", description="Run name; the default output directory is runs/<name>.")
+    seed: int = Field(0, description="Seed for task sampling, generation and training.")
+    output_dir: str | None = Field(None, description="Where the run's store lives; default runs/<name>.")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    interface: InterfaceConfig = Field(default_factory=InterfaceConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Recipe":
+        if self.rollout.num_generations < 2:
+            raise _FieldError(
+                "rollout.num_generations",
+                self.rollout.num_generations,
+                "GRPO needs at least 2 samples per task to compare them; set it to 4",
+            )
+        if self.data.task_ids is None and self.grpo.tasks_per_step > self.data.num_tasks:
+            raise _FieldError(
+                "grpo.tasks_per_step",
+                self.grpo.tasks_per_step,
+                f"a step cannot sample more tasks than data.num_tasks ({self.data.num_tasks}); "
+                f"lower it or raise data.num_tasks",
+            )
+        return self
+
+    def out_dir(self) -> Path:
+        return Path(self.output_dir or Path("runs") / self.name)
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used; the message names the field, the reason and a fix."""
+
+
+class _FieldError(ValueError):
+    def __init__(self, field: str, value, message: str):
+        super().__init__(message)
+        self.field, self.value, self.message = field, value, message
+
+
+def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -> Recipe:
+    """Defaults < recipe file < ``overrides`` (dotted keys, e.g. ``{"grpo.steps": 1}``)."""
+    source = str(path) if path else "default recipe"
+    data: dict = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise RecipeError(f"{source}: no such file; pass a recipe path such as recipes/quickstart.yaml") from None
+        except yaml.YAMLError as error:
+            raise RecipeError(f"{source}: not valid YAML ({error}); fix the syntax at the position shown") from None
+        if not isinstance(data, dict):
+            raise RecipeError(f"{source}: the top level must be a mapping of sections (policy:, grpo:, ...)")
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as error:
+        raise RecipeError(_explain(source, error)) from None
+
+
+def _explain(source: str, error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        context = item.get("ctx", {}).get("error")
+        if isinstance(context, _FieldError):
+            lines.append(f"{source}: {context.field} = {context.value!r}: {context.message}")
+            continue
+        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"{source}: {field}: {item['msg']}{_fix_for(item)}")
+    return "\n".join(lines)
+
+
+def _fix_for(item: dict) -> str:
+    kind = item["type"]
+    if kind == "extra_forbidden":
+        return "; remove it or check its spelling (seal-lite recipe --help lists the fields)"
+    if kind == "literal_error":
+        return f"; use one of the allowed values (got {item.get('input')!r})"
+    if kind in ("greater_than_equal", "greater_than", "less_than", "less_than_equal"):
+        return f"; got {item.get('input')!r}"
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return f"; got {item.get('input')!r}, write a value of that type"
+    return ""
+
+
+def describe_fields(model: type[BaseModel] = Recipe, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted name, default, description) for every leaf field: used by ``seal-lite recipe`` help."""
+    rows = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows.extend(describe_fields(annotation, f"{prefix}{name}."))
+        else:
+            rows.append((f"{prefix}{name}", repr(info.get_default(call_default_factory=True)), info.description or ""))
+    return rows

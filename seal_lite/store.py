@@ -1,0 +1,132 @@
+"""The run's store: one SQLite file per run (``<out>/seal.db``), written through sqlite-utils.
+
+Tables (documented in docs/store.md):
+    runs                one row: recipe, model, status, timing
+    tasks               BFCL tasks used by the run
+    steps               one row per SEAL step: reward, weights, loss, interface version
+    trajectories        one row per rollout: reward, advantage, weight, messages
+    turns               one row per ground-truth user turn of a trajectory: calls, results, label, cause
+    interface_versions  the rendered training interface, version by version
+    metrics             (step, name, value), namespaced like reward/mean or labels/pass
+
+A step's rollouts, turns and metrics are written in one transaction, so a crash leaves a whole step or
+nothing. Primary keys are explicit and writes are upserts, so writing a step twice never duplicates rows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import sqlite_utils
+
+SCHEMA_VERSION = 1
+
+_TABLES = {
+    "runs": (
+        {"id": str, "name": str, "recipe": str, "model": str, "status": str, "started_at": float,
+         "finished_at": float, "wall_time_s": float, "schema_version": int},
+        "id",
+    ),
+    "tasks": ({"id": str, "category": str, "num_turns": int, "involved_classes": str}, "id"),
+    "steps": (
+        {"step": int, "started_at": float, "finished_at": float, "reward_mean": float, "loss": float,
+         "weight_min": float, "weight_max": float, "interface_version": int, "num_trajectories": int},
+        "step",
+    ),
+    "trajectories": (
+        {"id": str, "step": int, "task_id": str, "group_index": int, "reward": float, "advantage": float,
+         "weight": float, "weighted_advantage": float, "num_model_calls": int, "num_tokens": int,
+         "num_model_tokens": int, "stop_reason": str, "interface_version": int, "messages": str},
+        "id",
+    ),
+    "turns": (
+        {"trajectory_id": str, "turn_index": int, "user_text": str, "model_calls": str, "results": str,
+         "gt_calls": str, "label": str, "cause": str, "evidence": str},
+        ("trajectory_id", "turn_index"),
+    ),
+    "interface_versions": (
+        {"version": int, "parent": int, "step": int, "components": str, "system_prompt_cues": str,
+         "reason": str},
+        "version",
+    ),
+    "metrics": ({"step": int, "name": str, "value": float}, ("step", "name")),
+}
+
+
+class Store:
+    """Nouns and verbs over the run database. The library never prints; callers decide what to show."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite_utils.Database(self.path)
+        self.db.conn.execute("PRAGMA journal_mode=WAL")
+        for name, (columns, pk) in _TABLES.items():
+            if not self.db[name].exists():
+                self.db[name].create(columns, pk=pk)
+        self.db["turns"].create_index(["label"], if_not_exists=True)
+        self.db["trajectories"].create_index(["step"], if_not_exists=True)
+
+    # --- run -------------------------------------------------------------------------------------------
+    def start_run(self, name: str, recipe: dict, model: str) -> None:
+        self.db["runs"].upsert(
+            {"id": name, "name": name, "recipe": json.dumps(recipe), "model": model, "status": "running",
+             "started_at": time.time(), "schema_version": SCHEMA_VERSION},
+            pk="id",
+        )
+
+    def finish_run(self, name: str, status: str, wall_time_s: float) -> None:
+        self.db["runs"].update(name, {"status": status, "finished_at": time.time(), "wall_time_s": wall_time_s})
+
+    def run(self) -> dict:
+        rows = list(self.db["runs"].rows)
+        if not rows:
+            raise LookupError(f"{self.path} holds no run")
+        return rows[0]
+
+    # --- writes -----------------------------------------------------------------------------------------
+    def save_tasks(self, tasks: list[dict]) -> None:
+        with self.db.conn:
+            self.db["tasks"].upsert_all(tasks, pk="id")
+
+    def save_interface_version(self, version: dict) -> None:
+        with self.db.conn:
+            self.db["interface_versions"].upsert(_encode(version), pk="version")
+
+    def save_step(self, step: dict, trajectories: list[dict], turns: list[dict], metrics: dict[str, float]) -> None:
+        """Write one step's rows in a single transaction."""
+        with self.db.conn:
+            self.db["steps"].upsert(step, pk="step")
+            self.db["trajectories"].upsert_all([_encode(t) for t in trajectories], pk="id")
+            self.db["turns"].upsert_all([_encode(t) for t in turns], pk=("trajectory_id", "turn_index"))
+            self.db["metrics"].upsert_all(
+                [{"step": step["step"], "name": name, "value": float(value)} for name, value in metrics.items()],
+                pk=("step", "name"),
+            )
+
+    def update_step(self, step: int, values: dict) -> None:
+        with self.db.conn:
+            self.db["steps"].update(step, values)
+
+    # --- reads ------------------------------------------------------------------------------------------
+    def steps(self) -> list[dict]:
+        return list(self.db["steps"].rows_where(order_by="step"))
+
+    def label_counts(self) -> dict[str, int]:
+        rows = self.db.query("select label, count(*) as n from turns group by label order by n desc")
+        return {row["label"]: row["n"] for row in rows}
+
+    def trajectories(self, step: int | None = None) -> list[dict]:
+        where, args = ("step = ?", [step]) if step is not None else (None, None)
+        return list(self.db["trajectories"].rows_where(where, args, order_by="id"))
+
+    def metrics(self, name: str) -> list[tuple[int, float]]:
+        rows = self.db["metrics"].rows_where("name = ?", [name], order_by="step")
+        return [(row["step"], row["value"]) for row in rows]
+
+
+def _encode(row: dict) -> dict:
+    """JSON-encode nested values so every column is a plain SQLite type."""
+    return {key: json.dumps(value) if isinstance(value, (list, dict)) else value for key, value in row.items()}
