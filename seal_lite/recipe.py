@@ -164,7 +164,7 @@ def _explain(source: str, error: ValidationError) -> str:
 def _fix_for(item: dict) -> str:
     kind = item["type"]
     if kind == "extra_forbidden":
-        return "; remove it or check its spelling (seal-lite recipe --help lists the fields)"
+        return "; remove it or check its spelling (seal-lite recipe --fields lists them)"
     if kind == "literal_error":
         return f"; use one of the allowed values (got {item.get('input')!r})"
     if kind in ("greater_than_equal", "greater_than", "less_than", "less_than_equal"):

@@ -101,10 +101,15 @@ class Store:
             self.db["steps"].upsert(step, pk="step")
             self.db["trajectories"].upsert_all([_encode(t) for t in trajectories], pk="id")
             self.db["turns"].upsert_all([_encode(t) for t in turns], pk=("trajectory_id", "turn_index"))
-            self.db["metrics"].upsert_all(
-                [{"step": step["step"], "name": name, "value": float(value)} for name, value in metrics.items()],
-                pk=("step", "name"),
-            )
+            self._upsert_metrics(step["step"], metrics)
+
+    def save_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        with self.db.conn:
+            self._upsert_metrics(step, metrics)
+
+    def _upsert_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        rows = [{"step": step, "name": name, "value": float(value)} for name, value in metrics.items()]
+        self.db["metrics"].upsert_all(rows, pk=("step", "name"))
 
     def update_step(self, step: int, values: dict) -> None:
         with self.db.conn:

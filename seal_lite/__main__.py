@@ -1,0 +1,3 @@
+from seal_lite.cli import main
+
+main()

@@ -1,0 +1,72 @@
+"""What a run shows on the terminal: the resolved recipe, a progress bar per step, the closing summary."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from seal_lite.diagnosis.labels import SUCCESS_LABELS
+
+console = Console()
+
+
+def print_recipe(recipe, out_dir) -> None:
+    r = recipe
+    console.print(
+        f"[bold]seal-lite run[/] {r.name}: model={r.policy.model}, {r.grpo.steps} steps x "
+        f"{r.grpo.tasks_per_step} tasks x G={r.rollout.num_generations}, categories={','.join(r.data.categories)}, "
+        f"schema_cues={r.interface.schema_cues}, weighting={r.grpo.diagnosis_weighting} -> {out_dir}"
+    )
+
+
+class RichProgress:
+    """One bar per SEAL step: it fills as task groups are rolled out, then shows the step's reward."""
+
+    def __init__(self, total_steps: int):
+        self.total_steps = total_steps
+        self.bars = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"), console=console,
+        )
+        self.bar = None
+
+    def __enter__(self):
+        self.bars.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bars.__exit__(*exc)
+
+    def step_started(self, step: int, num_tasks: int) -> None:
+        self.started = time.time()
+        self.bar = self.bars.add_task(f"step {step}/{self.total_steps} rollouts", total=num_tasks, status="")
+
+    def task_done(self, task_id: str, rewards: list[float]) -> None:
+        self.bars.update(self.bar, advance=1, status=f"{task_id}: rewards {rewards}")
+
+    def step_finished(self, step: int, metrics: dict[str, float]) -> None:
+        failures = {k.split("/")[1][:-5]: v for k, v in metrics.items()
+                    if k.startswith("labels/") and k.endswith("_rate") and k[7:-5] not in SUCCESS_LABELS}
+        top = max(failures, key=failures.get) if failures else "none"
+        self.bars.update(
+            self.bar,
+            description=f"step {step}/{self.total_steps} done    ",
+            status=f"reward {metrics['reward/mean']:.2f}  weights {metrics['grpo/weight_min']:.2f}-"
+            f"{metrics['grpo/weight_max']:.2f}  top failure {top}  (update follows)",
+        )
+
+
+def print_summary(summary) -> None:
+    table = Table(title="seal-lite run summary", show_header=False, min_width=60)
+    table.add_row("steps", str(summary.steps))
+    table.add_row("mean reward (official verdict)", f"{summary.reward_mean:.3f}")
+    table.add_row("loss per step", ", ".join(f"{x:.4g}" if x is not None else "-" for x in summary.loss))
+    labels = ", ".join(f"{label} {n}" for label, n in summary.label_counts.items()) or "-"
+    table.add_row("turn labels", labels)
+    table.add_row("diagnosis weight range", f"{summary.weight_min:.2f} - {summary.weight_max:.2f}")
+    table.add_row("wall time", f"{summary.wall_time_s:.0f} s ({summary.wall_time_s / 60:.1f} min)")
+    table.add_row("database", str(summary.db_path))
+    console.print(table)

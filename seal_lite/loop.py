@@ -1,0 +1,293 @@
+"""The SEAL loop (SEAL_METHOD.md §2, Algorithm 1), one step at a time.
+
+``SealStep.__call__`` is the body of one iteration, steps 1-8 and 10 in order; step 9, the policy update,
+is TRL's GRPOTrainer, which calls this body through its ``rollout_func`` and then applies the update with the
+advantages returned here (seal_lite/training/grpo.py).
+
+Deviations from the paper, each on purpose:
+* LoRA on a small model on CPU instead of full fine-tuning of 3-8B models on 4 GPUs; hence a larger learning
+  rate (recipe default 2e-5 instead of 1e-6).
+* Rollouts with transformers ``generate`` on the policy itself, batched over the G trajectories of a task.
+* Only phi_schema of the training interface exists yet (as in the paper's published runs); it is static, so
+  the interface has one version.
+* ``rollout.max_turns`` may cut tasks to their first turns (with their ground truth) to fit a CPU budget;
+  the reward is then the official verdict on that shorter task.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from seal_lite.agent import Generator, Trajectory, rollout_group
+from seal_lite.diagnosis.labels import EXCLUDED_LABELS, label_turn
+from seal_lite.envs.bfcl import Task, load_tasks, official_verdict, turn_evidence
+from seal_lite.interface import SCHEMA_CUE_LINE
+from seal_lite.recipe import Recipe
+from seal_lite.store import Store
+from seal_lite.training.advantages import (
+    diagnosis_weight,
+    group_advantages,
+    initial_utilities,
+    update_utilities,
+    weighted_advantages,
+)
+from seal_lite.training.grpo import RolloutBatch
+
+INTERFACE_VERSION = 1  # phi_schema is static for now: one version per run
+
+
+class Progress(Protocol):
+    def step_started(self, step: int, num_tasks: int) -> None: ...
+    def task_done(self, task_id: str, rewards: list[float]) -> None: ...
+    def step_finished(self, step: int, metrics: dict[str, float]) -> None: ...
+
+
+class NoProgress:
+    def step_started(self, step, num_tasks): pass
+    def task_done(self, task_id, rewards): pass
+    def step_finished(self, step, metrics): pass
+
+
+def data_file(name: str) -> Path:
+    """A file of the data/ folder: inside the installed package, or beside it in a source checkout."""
+    packaged = Path(__file__).parent / "data" / name
+    return packaged if packaged.exists() else Path(__file__).parent.parent / "data" / name
+
+
+def select_task_ids(recipe: Recipe) -> list[str]:
+    """The run's task slice: explicit ids, or the first ``num_tasks`` of the split after a seeded shuffle."""
+    if recipe.data.task_ids:
+        return list(recipe.data.task_ids)
+    ids = data_file(f"{recipe.data.split}_ids.txt").read_text().split()
+    wanted = {f"multi_turn_{category}_" for category in recipe.data.categories}
+    ids = [task_id for task_id in ids if task_id.rsplit("_", 1)[0] + "_" in wanted]
+    random.Random(recipe.seed).shuffle(ids)
+    return ids[: recipe.data.num_tasks]
+
+
+@dataclass
+class FailureStatistics:
+    """C_t: label counts and the rewards of the trajectories they occurred in, for this epoch and in total."""
+
+    window_counts: Counter = field(default_factory=Counter)
+    window_reward_sums: defaultdict = field(default_factory=lambda: defaultdict(float))
+    total_counts: Counter = field(default_factory=Counter)
+
+    def add(self, labels: list[str], reward: float) -> None:
+        for label in labels:
+            self.window_counts[label] += 1
+            self.window_reward_sums[label] += reward
+            self.total_counts[label] += 1
+
+    def window_mean_reward(self) -> dict[str, float]:
+        return {label: self.window_reward_sums[label] / n for label, n in self.window_counts.items()}
+
+    def reset_window(self) -> None:
+        self.window_counts.clear()
+        self.window_reward_sums.clear()
+
+
+class SealStep:
+    """One SEAL iteration; TRL calls it with the step's prompts (task ids, G copies each)."""
+
+    def __init__(self, recipe: Recipe, store: Store, tasks: dict[str, Task], generator: Generator,
+                 progress: Progress = NoProgress()):
+        self.recipe, self.store, self.tasks, self.generator, self.progress = recipe, store, tasks, generator, progress
+        self.utilities = initial_utilities()
+        self.statistics = FailureStatistics()
+        self.step = 0
+        self.steps_per_epoch = max(1, len(tasks) // recipe.grpo.tasks_per_step)
+
+    def __call__(self, prompts: list[str]) -> RolloutBatch:
+        started = time.time()
+        self.step += 1
+        G = self.recipe.rollout.num_generations
+        # 1. Sample tasks: TRL's sampler drew them and repeated each G times, in group order.
+        task_ids = prompts[::G]
+        assert prompts == [task_id for task_id in task_ids for _ in range(G)], "trl must repeat prompts per group"
+        if (self.step - 1) % self.steps_per_epoch == 0:
+            self.statistics.reset_window()  # the window statistics restart every epoch (§2 step 6)
+        self.progress.step_started(self.step, len(task_ids))
+
+        trajectories, rewards, labels, turn_rows = [], [], [], []
+        for task_id in task_ids:
+            task = self.tasks[task_id]
+            # 2-3. Render the training interface and roll out G trajectories against fresh BFCL environments.
+            group = rollout_group(task, G, self.generator, self.recipe.rollout, self.recipe.interface)
+            for trajectory in group:
+                # 4. Verify: the official BFCL multi-turn verdict is the reward.
+                verdict = official_verdict(task, trajectory.steps_per_turn())
+                reward = 1.0 if verdict["valid"] else 0.0
+                # 5. Diagnose every ground-truth turn from executable evidence.
+                evidence = turn_evidence(task, trajectory.turns)
+                turn_labels = [label_turn(item) for item in evidence]
+                trajectories.append(trajectory)
+                rewards.append(reward)
+                labels.append([label for label, _ in turn_labels])
+                turn_rows += _turn_rows(self.step, task, trajectory, evidence, turn_labels)
+            self.progress.task_done(task_id, rewards[-G:])
+
+        # 6. Update the failure statistics C_t.
+        for trajectory_labels, reward in zip(labels, rewards):
+            self.statistics.add(trajectory_labels, reward)
+        # 10 (done before weighting, §5). Closed-loop update of the label utilities rho.
+        if self.recipe.grpo.closed_loop:
+            self.utilities = update_utilities(
+                self.utilities, self.statistics.window_counts, self.statistics.window_mean_reward()
+            )
+        # 7. Group advantages.  8. Diagnosis weights, then weighted advantages.
+        advantages = [a for start in range(0, len(rewards), G) for a in group_advantages(rewards[start : start + G])]
+        if self.recipe.grpo.diagnosis_weighting:
+            weights = [diagnosis_weight(trajectory_labels, self.utilities) for trajectory_labels in labels]
+        else:
+            weights = [1.0] * len(rewards)
+        final = weighted_advantages(advantages, weights, self.recipe.grpo.apply_to)
+
+        metrics = self._record(trajectories, rewards, labels, advantages, weights, final, turn_rows, started)
+        self.progress.step_finished(self.step, metrics)
+        return RolloutBatch(
+            prompt_ids=[t.prompt_ids for t in trajectories],
+            completion_ids=[t.completion_ids for t in trajectories],
+            env_mask=[t.env_mask for t in trajectories],
+            rewards=rewards,
+            advantages=final,
+        )
+
+    def _record(self, trajectories, rewards, labels, advantages, weights, final, turn_rows, started) -> dict:
+        rows = []
+        for trajectory, reward, advantage, weight, weighted in zip(trajectories, rewards, advantages, weights, final):
+            rows.append({
+                "id": trajectory_id(self.step, trajectory),
+                "step": self.step,
+                "task_id": trajectory.task_id,
+                "group_index": trajectory.group_index,
+                "reward": reward,
+                "advantage": advantage,
+                "weight": weight,
+                "weighted_advantage": weighted,
+                "num_model_calls": trajectory.num_model_calls,
+                "num_tokens": len(trajectory.prompt_ids) + len(trajectory.completion_ids),
+                "num_model_tokens": sum(trajectory.env_mask),
+                "stop_reason": trajectory.stop_reason,
+                "interface_version": INTERFACE_VERSION,
+                "messages": trajectory.messages,
+            })
+        counts = Counter(label for trajectory_labels in labels for label in trajectory_labels)
+        counted = sum(n for label, n in counts.items() if label not in EXCLUDED_LABELS) or 1
+        metrics = {
+            "reward/mean": sum(rewards) / len(rewards),
+            "grpo/weight_mean": sum(weights) / len(weights),
+            "grpo/weight_min": min(weights),
+            "grpo/weight_max": max(weights),
+            "grpo/advantage_abs_mean": sum(abs(a) for a in final) / len(final),
+            "interface/version": INTERFACE_VERSION,
+            "time/rollout_s": time.time() - started,
+            "tokens/model": sum(row["num_model_tokens"] for row in rows),
+            "tokens/total": sum(row["num_tokens"] for row in rows),
+        }
+        metrics |= {f"labels/{label}": n for label, n in counts.items()}
+        metrics |= {f"labels/{label}_rate": n / counted for label, n in counts.items() if label not in EXCLUDED_LABELS}
+        metrics |= {f"rho/{label}": value for label, value in self.utilities.items()}
+        step_row = {
+            "step": self.step,
+            "started_at": started,
+            "reward_mean": metrics["reward/mean"],
+            "weight_min": metrics["grpo/weight_min"],
+            "weight_max": metrics["grpo/weight_max"],
+            "interface_version": INTERFACE_VERSION,
+            "num_trajectories": len(rows),
+        }
+        self.store.save_step(step_row, rows, turn_rows, metrics)
+        return metrics
+
+
+def trajectory_id(step: int, trajectory: Trajectory) -> str:
+    return f"s{step}-{trajectory.task_id}-g{trajectory.group_index}"
+
+
+def _turn_rows(step, task, trajectory, evidence, turn_labels) -> list[dict]:
+    rows = []
+    for index, (item, (label, cause)) in enumerate(zip(evidence, turn_labels)):
+        record = trajectory.turns[index] if index < len(trajectory.turns) else None
+        outcomes = [o for step_outcomes in (record.outcomes_per_step if record else []) for o in step_outcomes]
+        rows.append({
+            "trajectory_id": trajectory_id(step, trajectory),
+            "turn_index": index,
+            "user_text": record.user_text if record else task.user_message(index),
+            "model_calls": [o.canonical or "(unparseable)" for o in outcomes],
+            "results": [o.result[:500] for o in outcomes],
+            "gt_calls": task.ground_truth[index],
+            "label": label,
+            "cause": cause,
+            "evidence": {"differences": item.differences, "gt_error": item.gt_error,
+                         "checker_error": item.checker_error, "statuses": [o.status for o in outcomes]},
+        })
+    return rows
+
+
+# --- the run ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunSummary:
+    db_path: Path
+    steps: int
+    reward_mean: float
+    label_counts: dict[str, int]
+    weight_min: float
+    weight_max: float
+    wall_time_s: float
+    loss: list[float]
+
+
+def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> RunSummary:
+    """Run the whole SEAL loop for ``recipe`` and write everything to ``out_dir/seal.db``."""
+    from seal_lite.generation import TransformersGenerator
+    from seal_lite.models import resolve_model
+    from seal_lite.training.grpo import StoreCallback, build_trainer, load_policy
+
+    started = time.time()
+    store = Store(out_dir / "seal.db")
+    store.start_run(recipe.name, recipe.model_dump(), recipe.policy.model)
+    try:
+        task_ids = select_task_ids(recipe)
+        tasks = {task.id: task.truncated(recipe.rollout.max_turns) for task in load_tasks(task_ids)}
+        store.save_tasks([
+            {"id": t.id, "category": t.category, "num_turns": len(t.turns), "involved_classes": ",".join(t.involved_classes)}
+            for t in tasks.values()
+        ])
+        store.save_interface_version({
+            "version": INTERFACE_VERSION, "parent": None, "step": 0, "reason": "initial training interface",
+            "components": {"schema_cues": recipe.interface.schema_cues, "tool_format": recipe.interface.tool_format},
+            "system_prompt_cues": SCHEMA_CUE_LINE if recipe.interface.schema_cues else "",
+        })
+        model, tokenizer = load_policy(resolve_model(recipe.policy.model), recipe)
+        seal_step = SealStep(recipe, store, tasks, None, progress)
+        trainer = build_trainer(model, tokenizer, recipe, task_ids, seal_step, str(out_dir / "trl"),
+                                callbacks=[StoreCallback(store)])
+        # The generator must use the LoRA-wrapped model TRL built, so rollouts come from the current policy.
+        seal_step.generator = TransformersGenerator(trainer.model, tokenizer)
+        trainer.train()  # 9. the policy updates, one per SEAL step
+        trainer.save_model(str(out_dir / "adapter"))
+    except BaseException:
+        store.finish_run(recipe.name, "failed", time.time() - started)
+        raise
+    wall = time.time() - started
+    store.finish_run(recipe.name, "finished", wall)
+    steps = store.steps()
+    return RunSummary(
+        db_path=store.path,
+        steps=len(steps),
+        reward_mean=sum(s["reward_mean"] for s in steps) / max(1, len(steps)),
+        label_counts=store.label_counts(),
+        weight_min=min((s["weight_min"] for s in steps), default=1.0),
+        weight_max=max((s["weight_max"] for s in steps), default=1.0),
+        wall_time_s=wall,
+        loss=[s["loss"] for s in steps],
+    )
+
