@@ -80,9 +80,9 @@ def _collect(chunks, parse_chunk) -> ParsedCalls:
 def _python_call_candidate(text: str) -> str | None:
     fenced = _CODE_FENCE.search(text)
     body = (fenced.group(1) if fenced else text).strip()
-    if re.fullmatch(r"\[\s*[A-Za-z_]\w*\s*\(.*\)\s*\]", body, re.DOTALL):
+    if re.fullmatch(r"\[\s*[A-Za-z_][\w.]*\s*\(.*\)\s*\]", body, re.DOTALL):
         return body
-    if re.fullmatch(r"[A-Za-z_]\w*\s*\(.*\)", body, re.DOTALL):
+    if re.fullmatch(r"[A-Za-z_][\w.]*\s*\(.*\)", body, re.DOTALL):
         return body
     return None
 

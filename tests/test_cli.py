@@ -1,0 +1,81 @@
+"""The command line as a user meets it: help, recipe errors, and one small real run checked against its store."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import sqlite_utils
+from click.testing import CliRunner
+
+from seal_lite.cli import main
+from seal_lite.recipe import Recipe, load_recipe
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_help_for_group_and_commands():
+    runner = CliRunner()
+    assert "seal-lite run" in runner.invoke(main, ["--help"]).output
+    for command in ("run", "recipe"):
+        result = runner.invoke(main, [command, "--help"])
+        assert result.exit_code == 0 and "Examples:" in result.output
+
+
+def test_quickstart_file_equals_the_embedded_default():
+    assert load_recipe(ROOT / "recipes" / "quickstart.yaml") == Recipe()
+
+
+def test_invalid_recipe_names_field_reason_and_fix(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout:\n  num_generations: 1\n")
+    result = CliRunner().invoke(main, ["run", str(bad)])
+    assert result.exit_code == 2
+    assert "rollout.num_generations = 1: GRPO needs at least 2 samples per task to compare them; set it to 4" in result.output
+
+    bad.write_text("grpo:\n  stepz: 3\npolicy:\n  dtype: float16\n")
+    result = CliRunner().invoke(main, ["recipe", str(bad)])
+    assert result.exit_code == 2
+    assert "grpo.stepz" in result.output and "remove it or check its spelling" in result.output
+    assert "policy.dtype" in result.output and "'float16'" in result.output
+
+    bad.write_text("grpo: [1, 2\n")
+    result = CliRunner().invoke(main, ["run", str(bad)])
+    assert result.exit_code == 2 and "not valid YAML" in result.output
+
+
+def test_small_real_run_prints_what_the_store_holds(tmp_path):
+    """SmolLM2-135M from its pip GGUF, real BFCL, real TRL update; the summary must match seal.db."""
+    out = tmp_path / "run"
+    settings = ["data.num_tasks=1", "grpo.tasks_per_step=1", "grpo.steps=1", "rollout.num_generations=2",
+                "rollout.max_new_tokens=16", "rollout.max_model_calls=2", "rollout.max_turns=1"]
+    command = [sys.executable, "-m", "seal_lite", "run", "--out", str(out)]
+    for setting in settings:
+        command += ["--set", setting]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = result.stdout
+
+    db = sqlite_utils.Database(out / "seal.db")
+    assert set(db.table_names()) >= {"runs", "steps", "tasks", "trajectories", "turns", "interface_versions", "metrics"}
+    run = next(db["runs"].rows)
+    assert run["status"] == "finished"
+    steps = list(db["steps"].rows)
+    trajectories = list(db["trajectories"].rows)
+    assert len(steps) == 1 and len(trajectories) == 2 and db["turns"].count == 2
+
+    def row(name):
+        match = re.search(rf"{re.escape(name)}\s*│\s*(.+?)\s*│", text)
+        assert match, f"summary lacks {name!r}:\n{text}"
+        return match.group(1)
+
+    assert int(row("steps")) == len(steps)
+    assert float(row("mean reward (official verdict)")) == round(sum(t["reward"] for t in trajectories) / 2, 3)
+    labels = dict(db.execute("select label, count(*) from turns group by label").fetchall())
+    assert row("turn labels") == ", ".join(f"{label} {n}" for label, n in sorted(labels.items(), key=lambda x: -x[1]))
+    low, high = (float(x) for x in row("diagnosis weight range").split(" - "))
+    assert (low, high) == (round(steps[0]["weight_min"], 2), round(steps[0]["weight_max"], 2))
+    assert row("database") == str(out / "seal.db")
+    assert steps[0]["loss"] is not None and (out / "adapter" / "adapter_config.json").exists()

@@ -1,0 +1,75 @@
+"""One real GRPO step through TRL on a tiny random model, fed by the real SEAL step with scripted rollouts."""
+
+import pytest
+import torch
+from conftest import ScriptedGenerator, tool_call_text
+
+from seal_lite.envs.bfcl import load_tasks
+from seal_lite.loop import SealStep
+from seal_lite.recipe import load_recipe
+from seal_lite.store import Store
+from seal_lite.training import grpo
+
+
+def test_weighted_grpo_step_updates_lora_on_model_tokens_only(tmp_path, tiny_model_dir, monkeypatch):
+    recipe = load_recipe(None, {
+        "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1,
+        "grpo.learning_rate": 1e-2, "rollout.num_generations": 2, "rollout.max_turns": 1, "policy.dtype": "float32",
+    })
+    task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
+    store = Store(tmp_path / "seal.db")
+    model, tokenizer = grpo.load_policy(tiny_model_dir, recipe)
+    scripts = [[tool_call_text(task.ground_truth[0]), "Done."], [tool_call_text(["mkdir(dir_name='x')"]), "Done."]]
+    generator = ScriptedGenerator(tokenizer, scripts)
+    seal_step = SealStep(recipe, store, {task.id: task}, generator)
+
+    captured = {}
+    original = grpo.SealGRPOTrainer._generate_and_score_completions
+
+    def capture(self, inputs):
+        captured["output"] = original(self, inputs)
+        return captured["output"]
+
+    monkeypatch.setattr(grpo.SealGRPOTrainer, "_generate_and_score_completions", capture)
+    trainer = grpo.build_trainer(model, tokenizer, recipe, [task.id], seal_step, str(tmp_path / "trl"),
+                                 callbacks=[grpo.StoreCallback(store)])
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    assert all(torch.count_nonzero(p) == 0 for p in before.values())  # LoRA B starts at zero
+    trainer.train()
+
+    # rewards: the ground-truth episode passes, the other fails; advantages are SEAL's, times the weights
+    rows = store.trajectories(step=1)
+    assert [r["reward"] for r in rows] == [1.0, 0.0]
+    assert rows[0]["weighted_advantage"] > 0 > rows[1]["weighted_advantage"]
+    assert [r["weighted_advantage"] for r in rows] == [r["advantage"] * r["weight"] for r in rows]
+    output = captured["output"]
+    assert output["advantages"].tolist() == pytest.approx([r["weighted_advantage"] for r in rows], rel=1e-6)
+
+    # TRL's loss mask equals our env_mask: model tokens only, padding and environment tokens excluded
+    loss_mask = (output["completion_mask"] * output["tool_mask"]).tolist()
+    batch = trainer.seal_batch
+    for row, env_mask in zip(loss_mask, batch.env_mask):
+        assert row == env_mask + [0] * (len(row) - len(env_mask))
+        assert 0 < sum(env_mask) < len(env_mask)  # both kinds of token are present
+
+    # a real update happened: the LoRA B matrices moved, and the store logged the loss and LoRA norm
+    after = {n: p.detach() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    assert any(torch.count_nonzero(after[n]) > 0 for n in before)
+    assert store.metrics("grpo/lora_norm")[0][1] > 0
+    assert store.steps()[0]["loss"] is not None
+
+
+def test_equal_rewards_leave_lora_unchanged(tmp_path, tiny_model_dir):
+    """A group whose members all fail has A = 0, so the weighted update is exactly zero (beta = 0)."""
+    recipe = load_recipe(None, {
+        "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.beta": 0.0,
+        "grpo.learning_rate": 1e-2, "rollout.num_generations": 2, "rollout.max_turns": 1, "policy.dtype": "float32",
+    })
+    task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
+    store = Store(tmp_path / "seal.db")
+    model, tokenizer = grpo.load_policy(tiny_model_dir, recipe)
+    generator = ScriptedGenerator(tokenizer, [["I cannot."], ["No."]])
+    trainer = grpo.build_trainer(model, tokenizer, recipe, [task.id], SealStep(recipe, store, {task.id: task}, generator),
+                                 str(tmp_path / "trl"))
+    trainer.train()
+    assert all(torch.count_nonzero(p) == 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
