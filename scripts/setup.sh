@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set up seal-lite in ./.venv: torch first (so no dependency pulls a multi-GB CUDA build on a CPU machine),
+# then the package with its test extras, then bfcl-eval without its 6 GB of dependencies.
+# Re-running is cheap: nothing is reinstalled while pyproject.toml and this script are unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "seal-lite needs Python 3.11 or newer; set PYTHON=/path/to/python3.11" >&2; exit 1; }
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+stamp=.venv/.seal-lite-setup
+wanted=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
+  exit 0
+fi
+
+pip=(.venv/bin/python -m pip install --disable-pip-version-check)
+"${pip[@]}" -q --upgrade pip
+# torch 2.13.0: on a machine without a GPU, install a CPU build of it yourself before running this script
+# (it is kept); pip's default build for Linux x86_64 bundles CUDA.
+.venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null \
+  || "${pip[@]}" "torch==2.13.0"
+echo "Installing seal-lite (llama-cpp-python compiles from source the first time: about 8 minutes)..."
+"${pip[@]}" -e ".[test]"
+"${pip[@]}" --no-deps "bfcl-eval==2026.3.23"
+.venv/bin/python -c "import seal_lite.envs.bfcl, llama_cpp, trl" \
+  || { echo "setup finished but an import fails; see the messages above" >&2; exit 1; }
+echo "$wanted" > "$stamp"
+echo "seal-lite is set up in .venv (try: .venv/bin/seal-lite --help)"
