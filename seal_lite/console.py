@@ -48,15 +48,14 @@ class RichProgress:
         self.bars.update(self.bar, advance=1, status=f"{task_id}: rewards {rewards}")
 
     def step_finished(self, step: int, metrics: dict[str, float]) -> None:
-        failures = {k.split("/")[1][:-5]: v for k, v in metrics.items()
+        failures = {k[7:-5]: v for k, v in metrics.items()
                     if k.startswith("labels/") and k.endswith("_rate") and k[7:-5] not in SUCCESS_LABELS}
         top = max(failures, key=failures.get) if failures else "none"
-        self.bars.update(
-            self.bar,
-            description=f"step {step}/{self.total_steps} done    ",
-            status=f"reward {metrics['reward/mean']:.2f}  weights {metrics['grpo/weight_min']:.2f}-"
-            f"{metrics['grpo/weight_max']:.2f}  top failure {top}  (update follows)",
-        )
+        status = (f"reward {metrics['reward/mean']:.2f}  weights {metrics['grpo/weight_min']:.2f}-"
+                  f"{metrics['grpo/weight_max']:.2f}  top failure {top}  rollouts {time.time() - self.started:.0f} s")
+        self.bars.update(self.bar, description=f"step {step}/{self.total_steps} done    ", status=status)
+        if not console.is_terminal:  # logs and notebooks get one line per step instead of a live bar
+            console.print(f"step {step}/{self.total_steps}: {status}; policy update follows")
 
 
 def print_summary(summary) -> None:

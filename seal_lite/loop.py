@@ -109,7 +109,8 @@ class SealStep:
         G = self.recipe.rollout.num_generations
         # 1. Sample tasks: TRL's sampler drew them and repeated each G times, in group order.
         task_ids = prompts[::G]
-        assert prompts == [task_id for task_id in task_ids for _ in range(G)], "trl must repeat prompts per group"
+        if prompts != [task_id for task_id in task_ids for _ in range(G)]:
+            raise RuntimeError("expected each task repeated G times in a row, as trl 1.14.2 does; check the trl pin")
         if (self.step - 1) % self.steps_per_epoch == 0:
             self.statistics.reset_window()  # the window statistics restart every epoch (§2 step 6)
         self.progress.step_started(self.step, len(task_ids))

@@ -140,6 +140,7 @@ def convert_gguf(gguf: Path, label: str) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     _fix_chat_stop_token(tokenizer, model)
+    tokenizer.clean_up_tokenization_spaces = False  # BPE text must decode exactly as generated
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)

@@ -21,7 +21,7 @@ def smol_dir():
 def smol_tokenizer(smol_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(smol_dir)
+    return AutoTokenizer.from_pretrained(smol_dir, clean_up_tokenization_spaces=False)
 
 
 @pytest.fixture(scope="session")

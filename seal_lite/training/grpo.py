@@ -25,6 +25,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experi
 from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback  # noqa: E402
+from transformers.utils import logging as transformers_logging  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from seal_lite.recipe import Recipe  # noqa: E402
@@ -51,7 +52,10 @@ def pick_dtype(name: str) -> torch.dtype:
 
 
 def load_policy(model_dir: str, recipe: Recipe):
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    transformers_logging.set_verbosity_error()  # the run shows its own progress; keep the terminal readable
+    transformers_logging.disable_progress_bar()
+    # clean-up of tokenization spaces corrupts BPE text (and warns); decode exactly what was generated
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, clean_up_tokenization_spaces=False)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=pick_dtype(recipe.policy.dtype))
