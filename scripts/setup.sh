@@ -23,7 +23,7 @@ pip=(.venv/bin/python -m pip install --disable-pip-version-check)
 torch_source=()
 [ -n "${TORCH_INDEX_URL:-}" ] && torch_source=(--index-url "$TORCH_INDEX_URL")
 .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null \
-  || "${pip[@]}" "${torch_source[@]}" "torch==2.13.0"
+  || "${pip[@]}" ${torch_source[@]+"${torch_source[@]}"} "torch==2.13.0"
 echo "Installing seal-lite (llama-cpp-python compiles from source the first time: about 8 minutes)..."
 "${pip[@]}" -e ".[test]"
 "${pip[@]}" --no-deps "bfcl-eval==2026.3.23"
