@@ -21,20 +21,8 @@ BASE_UTILITY: dict[str, float | None] = {
     "response_mismatch": 0.9,
     "pass": 1.0,
 }
-LABELS = tuple(BASE_UTILITY)
 EXCLUDED_LABELS = frozenset(label for label, utility in BASE_UTILITY.items() if utility is None)
 SUCCESS_LABELS = frozenset({"pass", "correct_abstention"})
-
-# Causes, highest priority first (paper §3; missing_tool_call sits between recovery and response mismatch).
-CAUSES = (
-    "invalid_tool_call",
-    "argument_mismatch",
-    "state_mismatch",
-    "recovery_failure",
-    "missing_tool_call",
-    "response_mismatch",
-)
-
 
 @dataclass
 class TurnEvidence:
@@ -80,7 +68,9 @@ def label_turn(evidence: TurnEvidence) -> tuple[str, str | None]:
 
 
 def failure_cause(e: TurnEvidence, label: str) -> str | None:
-    """The finer failure kind behind a failure label, first match in the paper's priority order."""
+    """The finer failure kind behind a failure label, first match in the paper's priority order:
+    invalid_tool_call > argument_mismatch > state_mismatch > recovery_failure > missing_tool_call >
+    response_mismatch."""
     if e.parse_errors or e.unknown_tools:
         return "invalid_tool_call"
     if e.argument_errors:
