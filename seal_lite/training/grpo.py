@@ -130,6 +130,7 @@ def build_trainer(model, tokenizer, recipe: Recipe, task_ids: list[str], seal_st
         target_modules="all-linear",
         task_type="CAUSAL_LM",
     )
+
     def rollout_func(prompts: list[str], trainer) -> dict:
         batch = seal_step(prompts)
         trainer.seal_batch = batch
