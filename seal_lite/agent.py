@@ -83,7 +83,6 @@ class TokenConversation:
         self.mask += [0] * len(new_ids)
         self.text = full
 
-    @property
     def completion(self) -> tuple[list[int], list[int]]:
         """Ids and mask after the prompt, cut after the last generated token (trailing env text has no loss)."""
         end = max((i for i, bit in enumerate(self.mask) if bit), default=self.prompt_length - 1) + 1
@@ -133,20 +132,22 @@ def rollout_group(
         new_ids = generator.generate([e.conversation.ids for e in active], rollout.max_new_tokens, rollout.temperature)
         for episode, ids in zip(active, new_ids, strict=True):
             _advance(episode, ids, task, rollout, interface, cues)
-    return [
-        Trajectory(
-            task_id=task.id,
-            group_index=e.index,
-            prompt_ids=e.conversation.ids[: e.conversation.prompt_length],
-            completion_ids=e.conversation.completion[0],
-            env_mask=e.conversation.completion[1],
-            messages=e.conversation.messages,
-            turns=e.turns,
-            num_model_calls=e.model_calls,
-            stop_reason=e.stop_reason,
-        )
-        for e in episodes
-    ]
+    return [_trajectory(task, e) for e in episodes]
+
+
+def _trajectory(task: Task, e: _Episode) -> Trajectory:
+    completion_ids, env_mask = e.conversation.completion()
+    return Trajectory(
+        task_id=task.id,
+        group_index=e.index,
+        prompt_ids=e.conversation.ids[: e.conversation.prompt_length],
+        completion_ids=completion_ids,
+        env_mask=env_mask,
+        messages=e.conversation.messages,
+        turns=e.turns,
+        num_model_calls=e.model_calls,
+        stop_reason=e.stop_reason,
+    )
 
 
 def _user_text(task: Task, turn: int, cues: bool, tool_format: str) -> str:
