@@ -9,8 +9,8 @@ Tables (documented in docs/store.md):
     interface_versions  the rendered training interface, version by version
     metrics             (step, name, value), namespaced like reward/mean or labels/pass
 
-A step's rollouts, turns and metrics are written in one transaction, so a crash leaves a whole step or
-nothing. Primary keys are explicit and writes are upserts, so writing a step twice never duplicates rows.
+A step's rollouts, turns and metrics are written in one transaction (``Database.atomic``: sqlite-utils'
+own writes nest inside it as savepoints), so a crash leaves a whole step or nothing. Primary keys are explicit and writes are upserts, so writing a step twice never duplicates rows.
 """
 
 from __future__ import annotations
@@ -88,23 +88,23 @@ class Store:
 
     # --- writes -----------------------------------------------------------------------------------------
     def save_tasks(self, tasks: list[dict]) -> None:
-        with self.db.conn:
+        with self.db.atomic():
             self.db["tasks"].upsert_all(tasks, pk="id")
 
     def save_interface_version(self, version: dict) -> None:
-        with self.db.conn:
+        with self.db.atomic():
             self.db["interface_versions"].upsert(_encode(version), pk="version")
 
     def save_step(self, step: dict, trajectories: list[dict], turns: list[dict], metrics: dict[str, float]) -> None:
         """Write one step's rows in a single transaction."""
-        with self.db.conn:
+        with self.db.atomic():
             self.db["steps"].upsert(step, pk="step")
             self.db["trajectories"].upsert_all([_encode(t) for t in trajectories], pk="id")
             self.db["turns"].upsert_all([_encode(t) for t in turns], pk=("trajectory_id", "turn_index"))
             self._upsert_metrics(step["step"], metrics)
 
     def save_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        with self.db.conn:
+        with self.db.atomic():
             self._upsert_metrics(step, metrics)
 
     def _upsert_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -112,7 +112,7 @@ class Store:
         self.db["metrics"].upsert_all(rows, pk=("step", "name"))
 
     def update_step(self, step: int, values: dict) -> None:
-        with self.db.conn:
+        with self.db.atomic():
             self.db["steps"].update(step, values)
 
     # --- reads ------------------------------------------------------------------------------------------
