@@ -112,13 +112,9 @@ def rollout_group(
     generator: Generator,
     rollout: RolloutConfig,
     interface: InterfaceConfig,
-    schema_cues: bool | None = None,
 ) -> list[Trajectory]:
-    """Play ``group_size`` episodes of ``task`` against fresh BFCL environments, batching model calls.
-
-    ``schema_cues`` overrides the interface (evaluation passes False: the plain view).
-    """
-    cues = interface.schema_cues if schema_cues is None else schema_cues
+    """Play ``group_size`` episodes of ``task`` against fresh BFCL environments, batching model calls."""
+    cues = interface.schema_cues
     view = render_view(task.visible_functions(0), cues, interface.tool_format)
     first_user = _user_text(task, 0, cues, interface.tool_format)
     episodes = []
