@@ -38,7 +38,7 @@ class Trajectory:
     stop_reason: str = "done"  # done | call_budget | context
 
     def steps_per_turn(self) -> list[list[list[str]]]:
-        return [turn.executed_steps() for turn in self.turns]
+        return [turn.checker_steps() for turn in self.turns]
 
 
 class TokenConversation:

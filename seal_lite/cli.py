@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,8 @@ def main():
       seal-lite run                          the CPU quickstart (embedded default recipe)
       seal-lite run recipes/quickstart.yaml  the same, from a file you can edit
       seal-lite recipe --fields              every recipe field with its default and meaning
+      seal-lite diagnose runs/quickstart     what went wrong, turn by turn
+      seal-lite verify --input calls.jsonl   score any system's BFCL multi-turn calls
     """
 
 
@@ -110,6 +113,94 @@ def recipe(recipe, fields, overrides):
 
     config = _load(recipe, overrides)
     click.echo(yaml.safe_dump(config.model_dump(), sort_keys=False).rstrip())
+
+
+@main.command()
+@click.option("--input", "input_file", required=True, type=click.File("r", errors="replace"),
+              help="JSONL, one episode per line: {\"id\": \"multi_turn_base_0\", \"turns\": [[\"cd(folder='x')\"], ...]}. "
+                   "'-' reads stdin.")
+@click.option("--output", "output_file", type=click.File("w"), default="-",
+              help="Where the result lines go (default: stdout).")
+@click.option("--workers", type=click.IntRange(min=1), default=min(4, os.cpu_count() or 1), show_default=True,
+              help="Worker processes; results are the same and in input order for any number.")
+def verify(input_file, output_file, workers):
+    """Score decoded BFCL multi-turn calls: official verdict plus SEAL's turn labels.
+
+    Each input line names a BFCL multi-turn entry and gives, per user turn, the calls a system made in BFCL's
+    python-call form (a turn may also be a list of steps, each a list of calls, as in BFCL result files).
+    Calls are parsed, never evaluated, and run on fresh API instances; tools a turn does not show are refused.
+
+    Each output line is {"id", "valid", "labels", "causes", "error", "irrelevance_valid"}: valid is
+    bfcl-eval's official verdict, labels and causes have one entry per ground-truth turn, and a line that
+    cannot be scored gets valid null and an error naming the line and the fix; the other lines go on.
+    A summary goes to stderr.
+
+    \b
+    Examples:
+      seal-lite verify --input calls.jsonl --output scored.jsonl
+      echo '{"id": "multi_turn_base_0", "turns": [[], [], [], []]}' | seal-lite verify --input -
+    """
+    import json
+    from collections import Counter
+
+    from seal_lite.diagnosis.verifier import verify_lines
+
+    counts, labels, irrelevance = Counter(), Counter(), []
+    for record in verify_lines(input_file, workers=workers):
+        output_file.write(json.dumps(record) + "\n")
+        output_file.flush()
+        counts["error" if record["error"] else "valid" if record["valid"] else "invalid"] += 1
+        labels.update(record["labels"])
+        if record["irrelevance_valid"] is not None:
+            irrelevance.append(record["irrelevance_valid"])
+    scored = counts["valid"] + counts["invalid"]
+    click.echo(f"{scored + counts['error']} lines: {counts['valid']} valid, {counts['invalid']} not valid, "
+               f"{counts['error']} unreadable", err=True)
+    if scored:
+        click.echo(f"official verdict {counts['valid'] / scored:.1%}; irrelevance check passed "
+                   f"{sum(irrelevance) / scored:.1%} (reported apart, never part of the verdict)", err=True)
+        click.echo("turn labels: " + ", ".join(f"{label} {n}" for label, n in labels.most_common()), err=True)
+
+
+def _open_run(run_dir: str):
+    from seal_lite.store import Store
+
+    path = Path(run_dir)
+    path = path if path.suffix == ".db" else path / "seal.db"
+    if not path.is_file():
+        raise click.ClickException(f"{path} does not exist; pass a run directory made by `seal-lite run`")
+    return Store(path)
+
+
+@main.command()
+@click.argument("run_dir", metavar="RUN", type=click.Path(exists=True))
+@click.option("--trajectory", "trajectory_id", metavar="ID", help="Show this trajectory turn by turn.")
+@click.option("--step", type=int, help="List only this step's trajectories.")
+@click.option("--failed", is_flag=True, help="List only trajectories with reward 0.")
+def diagnose(run_dir, trajectory_id, step, failed):
+    """Show a run's diagnoses: every trajectory's turn labels, or one trajectory turn by turn.
+
+    RUN is a run directory (or its seal.db). With --trajectory, each ground-truth turn is shown with the
+    user request, the model's calls and their results, the label, its cause and the executable evidence.
+
+    \b
+    Examples:
+      seal-lite diagnose runs/quickstart --failed
+      seal-lite diagnose runs/quickstart --trajectory s1-multi_turn_base_0-g0
+    """
+    from seal_lite.console import print_trajectories, print_turns
+
+    store = _open_run(run_dir)
+    if trajectory_id:
+        try:
+            trajectory = store.trajectory(trajectory_id)
+        except LookupError as error:
+            raise click.ClickException(f"{error}; list ids with: seal-lite diagnose {run_dir}") from None
+        print_turns(trajectory, store.turns(trajectory_id))
+        return
+    rows = [row for row in store.trajectories(step) if not failed or row["reward"] == 0]
+    print_trajectories(rows, store.turn_labels())
+    click.echo(f"Details: seal-lite diagnose {run_dir} --trajectory ID")
 
 
 if __name__ == "__main__":

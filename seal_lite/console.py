@@ -69,3 +69,47 @@ def print_summary(summary) -> None:
     table.add_row("wall time", f"{summary.wall_time_s:.0f} s ({summary.wall_time_s / 60:.1f} min)")
     table.add_row("database", str(summary.db_path))
     console.print(table)
+
+
+def print_trajectories(rows: list[dict], labels: dict[str, list[str]]) -> None:
+    table = Table(title=f"{len(rows)} trajectories")
+    for column in ("id", "reward", "weight", "calls", "stop", "turn labels"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["id"], f"{row['reward']:.0f}", f"{row['weight']:.2f}", str(row["num_model_calls"]),
+                      row["stop_reason"], " ".join(_label_text(label) for label in labels.get(row["id"], [])))
+    console.print(table)
+
+
+def print_turns(trajectory: dict, turns: list[dict]) -> None:
+    console.print(
+        f"[bold]{trajectory['id']}[/]  task {trajectory['task_id']}  reward {trajectory['reward']:.0f}  "
+        f"weight {trajectory['weight']:.2f}  advantage {trajectory['advantage']:+.3f} -> "
+        f"{trajectory['weighted_advantage']:+.3f}  stop {trajectory['stop_reason']}"
+    )
+    table = Table(show_lines=True)
+    for column in ("turn", "user", "model calls -> results", "expected calls", "label", "cause", "evidence"):
+        table.add_column(column, overflow="fold")
+    for turn in turns:
+        statuses = turn["evidence"].get("statuses", [])
+        calls = "\n".join(
+            f"{call} [{status}] -> {_short(result)}"
+            for call, result, status in zip(turn["model_calls"], turn["results"], statuses)
+        ) or "(no call)"
+        evidence = turn["evidence"]
+        details = evidence.get("differences", []) + [
+            f"{name}: {evidence[name]}" for name in ("gt_error", "checker_error") if evidence.get(name)
+        ]
+        table.add_row(str(turn["turn_index"]), _short(turn["user_text"], 160), calls,
+                      "\n".join(turn["gt_calls"]) or "(abstain)", _label_text(turn["label"]), turn["cause"] or "",
+                      "\n".join(details))
+    console.print(table)
+
+
+def _label_text(label: str) -> str:
+    return f"[green]{label}[/]" if label in SUCCESS_LABELS else f"[red]{label}[/]"
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

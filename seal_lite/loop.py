@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Protocol
 
 from seal_lite.agent import Generator, Trajectory, rollout_group
-from seal_lite.diagnosis.labels import EXCLUDED_LABELS, label_turn
-from seal_lite.envs.bfcl import Task, load_tasks, official_verdict, turn_evidence
+from seal_lite.diagnosis.labels import EXCLUDED_LABELS
+from seal_lite.diagnosis.verifier import EpisodeDiagnosis, diagnose_episode
+from seal_lite.envs.bfcl import Task, load_tasks
 from seal_lite.interface import SCHEMA_CUE_LINE
 from seal_lite.recipe import Recipe
 from seal_lite.store import Store
@@ -115,22 +116,20 @@ class SealStep:
             self.statistics.reset_window()  # the window statistics restart every epoch (§2 step 6)
         self.progress.step_started(self.step, len(task_ids))
 
-        trajectories, rewards, labels, turn_rows = [], [], [], []
+        trajectories, rewards, labels, irrelevance, turn_rows = [], [], [], [], []
         for task_id in task_ids:
             task = self.tasks[task_id]
             # 2-3. Render the training interface and roll out G trajectories against fresh BFCL environments.
             group = rollout_group(task, G, self.generator, self.recipe.rollout, self.recipe.interface)
             for trajectory in group:
                 # 4. Verify: the official BFCL multi-turn verdict is the reward.
-                verdict = official_verdict(task, trajectory.steps_per_turn())
-                reward = 1.0 if verdict["valid"] else 0.0
                 # 5. Diagnose every ground-truth turn from executable evidence.
-                evidence = turn_evidence(task, trajectory.turns)
-                turn_labels = [label_turn(item) for item in evidence]
+                diagnosis = diagnose_episode(task, trajectory.turns)
                 trajectories.append(trajectory)
-                rewards.append(reward)
-                labels.append([label for label, _ in turn_labels])
-                turn_rows += _turn_rows(self.step, task, trajectory, evidence, turn_labels)
+                rewards.append(1.0 if diagnosis.valid else 0.0)
+                labels.append(diagnosis.labels)
+                irrelevance.append(diagnosis.irrelevance_valid)
+                turn_rows += _turn_rows(self.step, task, trajectory, diagnosis)
             self.progress.task_done(task_id, rewards[-G:])
 
         # 6. Update the failure statistics C_t.
@@ -149,7 +148,7 @@ class SealStep:
             weights = [1.0] * len(rewards)
         final = weighted_advantages(advantages, weights, self.recipe.grpo.apply_to)
 
-        metrics = self._record(trajectories, rewards, labels, advantages, weights, final, turn_rows, started)
+        metrics = self._record(trajectories, rewards, labels, irrelevance, advantages, weights, final, turn_rows, started)
         self.progress.step_finished(self.step, metrics)
         return RolloutBatch(
             prompt_ids=[t.prompt_ids for t in trajectories],
@@ -159,7 +158,7 @@ class SealStep:
             advantages=final,
         )
 
-    def _record(self, trajectories, rewards, labels, advantages, weights, final, turn_rows, started) -> dict:
+    def _record(self, trajectories, rewards, labels, irrelevance, advantages, weights, final, turn_rows, started) -> dict:
         rows = []
         for trajectory, reward, advantage, weight, weighted in zip(trajectories, rewards, advantages, weights, final):
             rows.append({
@@ -182,6 +181,7 @@ class SealStep:
         counted = sum(n for label, n in counts.items() if label not in EXCLUDED_LABELS) or 1
         metrics = {
             "reward/mean": sum(rewards) / len(rewards),
+            "verdict/irrelevance_pass_rate": sum(irrelevance) / len(irrelevance),  # never part of the reward
             "grpo/weight_mean": sum(weights) / len(weights),
             "grpo/weight_min": min(weights),
             "grpo/weight_max": max(weights),
@@ -211,22 +211,22 @@ def trajectory_id(step: int, trajectory: Trajectory) -> str:
     return f"s{step}-{trajectory.task_id}-g{trajectory.group_index}"
 
 
-def _turn_rows(step, task, trajectory, evidence, turn_labels) -> list[dict]:
+def _turn_rows(step: int, task: Task, trajectory: Trajectory, diagnosis: EpisodeDiagnosis) -> list[dict]:
     rows = []
-    for index, (item, (label, cause)) in enumerate(zip(evidence, turn_labels)):
+    for index, turn in enumerate(diagnosis.turns):
         record = trajectory.turns[index] if index < len(trajectory.turns) else None
-        outcomes = [o for step_outcomes in (record.outcomes_per_step if record else []) for o in step_outcomes]
+        outcomes = record.outcomes if record else []
         rows.append({
             "trajectory_id": trajectory_id(step, trajectory),
             "turn_index": index,
             "user_text": record.user_text if record else task.user_message(index),
-            "model_calls": [o.canonical or "(unparseable)" for o in outcomes],
+            "model_calls": [o.shown for o in outcomes],
             "results": [o.result[:500] for o in outcomes],
             "gt_calls": task.ground_truth[index],
-            "label": label,
-            "cause": cause,
-            "evidence": {"differences": item.differences, "gt_error": item.gt_error,
-                         "checker_error": item.checker_error, "statuses": [o.status for o in outcomes]},
+            "label": turn.label,
+            "cause": turn.cause,
+            "evidence": {"differences": turn.evidence.differences, "gt_error": turn.evidence.gt_error,
+                         "checker_error": turn.evidence.checker_error, "statuses": [o.status for o in outcomes]},
         })
     return rows
 

@@ -127,9 +127,30 @@ class Store:
         where, args = ("step = ?", [step]) if step is not None else (None, None)
         return list(self.db["trajectories"].rows_where(where, args, order_by="id"))
 
+    def trajectory(self, trajectory_id: str) -> dict:
+        try:
+            return _decode(self.db["trajectories"].get(trajectory_id), "messages")
+        except sqlite_utils.db.NotFoundError:
+            raise LookupError(f"no trajectory {trajectory_id!r} in {self.path}") from None
+
+    def turns(self, trajectory_id: str) -> list[dict]:
+        rows = self.db["turns"].rows_where("trajectory_id = ?", [trajectory_id], order_by="turn_index")
+        return [_decode(row, "model_calls", "results", "gt_calls", "evidence") for row in rows]
+
+    def turn_labels(self) -> dict[str, list[str]]:
+        """trajectory id -> its turn labels in turn order."""
+        labels: dict[str, list[str]] = {}
+        for row in self.db.query("select trajectory_id, label from turns order by trajectory_id, turn_index"):
+            labels.setdefault(row["trajectory_id"], []).append(row["label"])
+        return labels
+
     def metrics(self, name: str) -> list[tuple[int, float]]:
         rows = self.db["metrics"].rows_where("name = ?", [name], order_by="step")
         return [(row["step"], row["value"]) for row in rows]
+
+
+def _decode(row: dict, *columns: str) -> dict:
+    return {key: json.loads(value) if key in columns and value is not None else value for key, value in row.items()}
 
 
 def _encode(row: dict) -> dict:

@@ -36,3 +36,10 @@ def test_canonical_string_round_trips_hostile_values():
     call = ToolCall("echo", {"content": value, "n": [1, 2.5, None, True, {"k": "v"}]})
     again = parse_calls("[" + call.to_python() + "]").calls[0]
     assert again == call
+
+
+def test_a_call_cut_off_mid_way_is_a_failed_call_not_prose():
+    for text in ["[mkdir(dir_name='temp'", "cd(folder='x') and then ls()", "```python\n[ls(a=True)\n```"]:
+        parsed = parse_calls(text)
+        assert parsed.calls == [] and parsed.errors, text
+    assert parse_calls("Note (see above): nothing to do.").errors == []

@@ -23,6 +23,15 @@ BASE_UTILITY: dict[str, float | None] = {
 }
 EXCLUDED_LABELS = frozenset(label for label, utility in BASE_UTILITY.items() if utility is None)
 SUCCESS_LABELS = frozenset({"pass", "correct_abstention"})
+CAUSES = ("invalid_tool_call", "argument_mismatch", "state_mismatch", "recovery_failure", "missing_tool_call",
+          "response_mismatch")  # the paper's priority order
+# The official checker's error type for the first turn it fails, and the label seal-lite gives that turn.
+OFFICIAL_ERROR_LABELS = {
+    "multi_turn:empty_turn_model_response": "empty_turn_model_response",
+    "multi_turn:instance_state_mismatch": "state_mismatch",
+    "multi_turn:execution_response_mismatch": "response_mismatch",
+    "checker_error": "checker_error",
+}
 
 @dataclass
 class TurnEvidence:
@@ -30,6 +39,7 @@ class TurnEvidence:
 
     gt_calls: int  # number of ground-truth calls in the turn
     model_calls: int  # calls the model attempted (parsed or not)
+    decoded_calls: int  # calls the official checker sees: parsed calls, including refused ones
     executed_calls: int  # calls that reached a visible tool
     gt_error: str | None = None
     checker_error: str | None = None
@@ -50,7 +60,7 @@ def label_turn(evidence: TurnEvidence) -> tuple[str, str | None]:
         label = "gt_error"
     elif e.gt_calls == 0:
         label = "spurious_tool_call" if e.model_calls > 0 else "correct_abstention"
-    elif e.executed_calls == 0:
+    elif e.decoded_calls == 0:
         label = "empty_turn_model_response"
     elif not e.instances_match:
         label = "instance_mismatch"
@@ -65,6 +75,15 @@ def label_turn(evidence: TurnEvidence) -> tuple[str, str | None]:
     if label in SUCCESS_LABELS or label in EXCLUDED_LABELS:
         return label, None
     return label, failure_cause(e, label)
+
+
+def passes_checker(e: TurnEvidence) -> bool:
+    """The official checker's per-turn test: a turn with ground truth needs a non-empty response, equal
+    instance state and every ground-truth result among the model's results so far. Turns whose ground truth
+    is empty are not checked (the irrelevance check is separate). The verdict is: every turn passes."""
+    if e.gt_calls == 0:
+        return True
+    return e.decoded_calls > 0 and e.instances_match and not e.checker_error and e.state_match and e.response_match
 
 
 def failure_cause(e: TurnEvidence, label: str) -> str | None:

@@ -37,6 +37,11 @@ from seal_lite.envs.calls import ToolCall, parse_calls
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 ERROR_PREFIX = "Error during execution:"
+# What the checker receives in place of a call the environment refused (a tool that does not exist or is not
+# visible yet). BFCL's executor would run any decoded call and record an error for unknown names, so a refused
+# call still counts as a (failed) model call, exactly as in the official runner, yet no model text is evaluated:
+# this constant is not a defined name, so the executor records "Error during execution: name ... is not defined".
+REFUSED_CALL = "seal_lite_refused_call()"
 
 
 @dataclass
@@ -141,6 +146,19 @@ class CallOutcome:
     def executed(self) -> bool:
         return self.status in ("ok", "tool_error", "argument_error")
 
+    @property
+    def shown(self) -> str:
+        """The call as text for people (and the store)."""
+        return self.canonical or (self.call.to_python() if self.call else "(unparseable)")
+
+    @property
+    def checker_call(self) -> str | None:
+        """The call string the official checker gets: the dispatched call, REFUSED_CALL for a refused one,
+        None for text that did not parse (BFCL's decoder would not have produced a call either)."""
+        if self.executed:
+            return self.canonical
+        return REFUSED_CALL if self.status == "unknown_tool" else None
+
 
 def _new_instances(task: Task) -> dict[str, object]:
     instances = {}
@@ -210,11 +228,13 @@ def _format_result(value) -> str:
 
 
 def official_verdict(task: Task, steps_per_turn: list[list[list[str]]]) -> dict:
-    """bfcl-eval's multi-turn verdict for canonical call strings grouped per turn and per model step.
+    """bfcl-eval's multi-turn verdict for checker call strings grouped per turn and per model step.
 
+    Turns the episode never reached (it ran out of budget) count as empty, as in the official runner.
     Every check uses a fresh, unique model name so no state is shared through bfcl-eval's module-level
     instance cache, and that cache is emptied afterwards.
     """
+    steps_per_turn = list(steps_per_turn) + [[]] * (len(task.ground_truth) - len(steps_per_turn))
     entry = {"id": task.id, "initial_config": task.initial_config, "involved_classes": task.involved_classes}
     model_name = f"seal_lite_{uuid.uuid4().hex}"
     try:
@@ -223,6 +243,13 @@ def official_verdict(task: Task, steps_per_turn: list[list[list[str]]]) -> dict:
         return {"valid": False, "error_type": "checker_error", "error_message": f"{type(error).__name__}: {error}"}
     finally:
         _forget_instances(model_name)
+
+
+def official_irrelevance(task: Task, steps_per_turn: list[list[list[str]]]) -> bool:
+    """bfcl-eval's irrelevance check: no call in turns whose ground truth is empty. The official multi-turn
+    runner skips it, so it never changes the verdict; seal-lite reports it as a separate metric."""
+    steps_per_turn = list(steps_per_turn) + [[]] * (len(task.ground_truth) - len(steps_per_turn))
+    return checker.multi_turn_irrelevance_checker(steps_per_turn, task.ground_truth)["valid"]
 
 
 def _forget_instances(model_name: str) -> None:
@@ -238,30 +265,50 @@ class TurnRecord:
     user_text: str
     outcomes_per_step: list[list[CallOutcome]] = field(default_factory=list)
 
-    def executed_steps(self) -> list[list[str]]:
-        """Canonical call strings per model step, only for calls that reached a tool."""
-        steps = [[o.canonical for o in step if o.executed] for step in self.outcomes_per_step]
+    @property
+    def outcomes(self) -> list[CallOutcome]:
+        return [outcome for step in self.outcomes_per_step for outcome in step]
+
+    def checker_steps(self) -> list[list[str]]:
+        """Call strings per model step as the official checker gets them (see ``CallOutcome.checker_call``)."""
+        steps = [[o.checker_call for o in step if o.checker_call is not None] for step in self.outcomes_per_step]
         return [step for step in steps if step]
 
 
+def replay_calls(task: Task, steps_per_turn: list[list[list[str]]]) -> list[TurnRecord]:
+    """Play decoded calls through a fresh environment, as if a model had sent them: per user turn, per model
+    step, call strings in BFCL python form (``"cd(folder='x')"``). Every string is parsed, never evaluated."""
+    env = Environment(task)
+    records = []
+    for index, steps in enumerate(steps_per_turn):
+        record = TurnRecord(task.user_message(index) if index < len(task.turns) else "")
+        for step in steps:
+            outcomes = [outcome for text in step for outcome in env.run(text, index)]
+            if outcomes:
+                record.outcomes_per_step.append(outcomes)
+        records.append(record)
+    return records
+
+
 def turn_evidence(task: Task, turns: list[TurnRecord]) -> list[TurnEvidence]:
-    """Replay model calls and ground truth turn by turn on separate instances; one evidence per GT turn."""
+    """Replay model calls and ground truth turn by turn on separate instances, as the official checker does,
+    but through every ground-truth turn instead of stopping at the first failure; one evidence per GT turn."""
     model_name = f"seal_lite_{uuid.uuid4().hex}"
     evidences = []
-    all_model_results: list[str] = []
+    all_model_results: list[str] = []  # the response check looks at results of all turns so far
     try:
         for index, gt_calls in enumerate(task.ground_truth):
             record = turns[index] if index < len(turns) else TurnRecord(user_text="")
-            outcomes = [o for step in record.outcomes_per_step for o in step]
-            model_instances, step_results = {}, []
-            for step in record.executed_steps() or [[]]:
+            outcomes = record.outcomes
+            model_instances = {}
+            for step in record.checker_steps() or [[]]:  # an empty step still yields the instances to compare
                 results, model_instances = _execute(step, task, model_name)
-                step_results.extend(results)
-            all_model_results.extend(step_results)
+                all_model_results.extend(results)
             gt_results, gt_instances = _execute(gt_calls, task, model_name + "_ground_truth")
             evidence = TurnEvidence(
                 gt_calls=len(gt_calls),
                 model_calls=len(outcomes),
+                decoded_calls=sum(o.checker_call is not None for o in outcomes),
                 executed_calls=sum(o.executed for o in outcomes),
                 parse_errors=sum(o.status == "parse_error" for o in outcomes),
                 unknown_tools=sum(o.status == "unknown_tool" for o in outcomes),

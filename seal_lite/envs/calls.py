@@ -25,6 +25,7 @@ MAX_VALUE_DEPTH = 20
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _CODE_FENCE = re.compile(r"```(?:python|py|json)?\s*(.*?)```", re.DOTALL)
+_CALL_START = re.compile(r"\[?\s*[A-Za-z_][\w.]*\(")
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,14 @@ def _collect(chunks, parse_chunk) -> ParsedCalls:
 
 
 def _python_call_candidate(text: str) -> str | None:
+    """The message body if it starts like a python call list (``[f(`` or ``f(``), else None (plain text).
+
+    A body that starts like a call but does not parse (say, cut off by the token budget) is a failed call,
+    not an answer in prose.
+    """
     fenced = _CODE_FENCE.search(text)
     body = (fenced.group(1) if fenced else text).strip()
-    if re.fullmatch(r"\[\s*[A-Za-z_][\w.]*\s*\(.*\)\s*\]", body, re.DOTALL):
-        return body
-    if re.fullmatch(r"[A-Za-z_][\w.]*\s*\(.*\)", body, re.DOTALL):
-        return body
-    return None
+    return body if _CALL_START.match(body) else None
 
 
 def _parse_json_call(block: str) -> list[ToolCall]:
