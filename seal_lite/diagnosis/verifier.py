@@ -79,12 +79,12 @@ def read_line(line: str) -> tuple[str, list[list[str | list[str]]]]:
     task_id, turns = record.get("id"), record.get("turns")
     if not isinstance(task_id, str):
         raise InputError('"id" must be a BFCL multi-turn id string, like "multi_turn_base_0"')
-    if not isinstance(turns, list) or not all(isinstance(turn, list) for turn in turns):
+    if not isinstance(turns, list):
         raise InputError('"turns" must be a list with one list of call strings per user turn')
     for index, turn in enumerate(turns):
-        if all(isinstance(item, str) for item in turn):
+        if isinstance(turn, list) and all(isinstance(item, str) for item in turn):
             continue
-        if all(isinstance(item, list) and all(isinstance(call, str) for call in item) for item in turn):
+        if isinstance(turn, list) and all(isinstance(step, list) and all(isinstance(c, str) for c in step) for step in turn):
             continue
         raise InputError(f"turn {index} must be a list of call strings, or a list of such lists (one per step)")
     return task_id, turns

@@ -141,18 +141,24 @@ def _reject_constant(name: str):
 
 
 def _make_call(name: str, arguments, positional=()) -> ToolCall:
-    if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
+    # ASCII only: python normalises other identifiers (NFKC), so the call the checker evaluates would name
+    # another argument than the one dispatched.
+    if not _is_plain_identifier(name) or name.startswith("_"):
         raise _InvalidCall(f"invalid tool name {name[:40]!r}")
     if not isinstance(arguments, dict):
         raise _InvalidCall(f"{name}: arguments must be an object")
     for key in arguments:
-        if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key):
+        if not isinstance(key, str) or not _is_plain_identifier(key):
             raise _InvalidCall(f"{name}: invalid argument name {str(key)[:40]!r}")
     return ToolCall(
         name,
         {key: _json_like(value, name, 0) for key, value in arguments.items()},
         tuple(_json_like(value, name, 0) for value in positional),
     )
+
+
+def _is_plain_identifier(text: str) -> bool:
+    return text.isascii() and text.isidentifier() and not keyword.iskeyword(text)
 
 
 def _json_like(value, name: str, depth: int):

@@ -1,0 +1,81 @@
+"""seal-lite's verdict and labels against bfcl-eval's official checker on >= 2,000 near-miss trajectories.
+
+For every mutant of the corpus (seal_lite/envs/mutations.py, built from the data of all 800 entries):
+* the reward seal-lite computes (calls parsed, run in the environment, handed to the checker) equals the
+  official multi-turn checker run directly on the mutant's call strings;
+* the verdict read off the turn evidence alone equals it, and the first turn that fails carries the label
+  that matches the official error type.
+The one place seal-lite departs from the official executor on purpose: a call to a tool the turn does not show
+is refused. The ground truth of multi_turn_miss_func_49 makes such a call; there the comparison is with the
+official checker given that call as refused.
+"""
+
+import hashlib
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from seal_lite.diagnosis.labels import OFFICIAL_ERROR_LABELS, passes_checker
+from seal_lite.diagnosis.verifier import diagnose_episode
+from seal_lite.envs.bfcl import REFUSED_CALL, load_tasks, official_verdict, replay_calls
+from seal_lite.envs.calls import parse_calls
+from seal_lite.envs.mutations import KINDS, corpus
+
+DATA = Path(__file__).parent.parent / "data"
+ALL_IDS = DATA.joinpath("train_ids.txt").read_text().split() + DATA.joinpath("eval_ids.txt").read_text().split()
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return {task.id: task for task in load_tasks(ALL_IDS)}
+
+
+@pytest.fixture(scope="module")
+def mutants(tasks):
+    return corpus(list(tasks.values()))
+
+
+def as_admitted(task, turns):
+    """The call strings as the official checker should see them once hidden tools are refused."""
+    admitted = []
+    for index, calls in enumerate(turns):
+        visible = {doc["name"] for doc in task.visible_functions(index)}
+        admitted.append([call if parse_calls(call).calls[0].name in visible else REFUSED_CALL for call in calls])
+    return admitted
+
+
+def test_corpus_is_large_varied_and_deterministic(mutants):
+    assert len(mutants) >= 2000
+    kinds = Counter(m.kind for m in mutants)
+    assert set(kinds) == set(KINDS) and min(kinds.values()) >= 300
+    digest = hashlib.sha256(json.dumps([(m.id, m.turns) for m in mutants]).encode()).hexdigest()
+    again = subprocess.run(  # another process, another hash seed: the same corpus
+        [sys.executable, "-c", "import hashlib, json, sys\n"
+         "from seal_lite.envs.bfcl import load_tasks\nfrom seal_lite.envs.mutations import corpus\n"
+         "ms = corpus(load_tasks(sys.argv[1:]))\n"
+         "print(hashlib.sha256(json.dumps([(m.id, m.turns) for m in ms]).encode()).hexdigest())", *ALL_IDS],
+        capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "12345", "PATH": ""},
+    )
+    assert again.stdout.strip() == digest
+
+
+def test_verdict_and_labels_agree_with_the_official_checker(tasks, mutants):
+    outcomes, disagreements = Counter(), []
+    for mutant in mutants:
+        task = tasks[mutant.task_id]
+        official = official_verdict(task, [[calls] if calls else [] for calls in as_admitted(task, mutant.turns)])
+        diagnosis = diagnose_episode(task, replay_calls(task, [[calls] if calls else [] for calls in mutant.turns]))
+        first_failing = next((turn for turn in diagnosis.turns if not passes_checker(turn.evidence)), None)
+        derived_valid = first_failing is None
+        expected_label = None if official["valid"] else OFFICIAL_ERROR_LABELS[official["error_type"]]
+        if (diagnosis.valid != official["valid"] or derived_valid != official["valid"]
+                or (first_failing and first_failing.label != expected_label)):
+            disagreements.append((mutant.id, official.get("error_type"), diagnosis.labels))
+        outcomes[official["valid"]] += 1
+    assert disagreements == []
+    # the corpus exercises both verdicts in earnest
+    assert outcomes[True] >= 200 and outcomes[False] >= 1000
