@@ -177,7 +177,8 @@ def _open_run(run_dir: str):
 @click.option("--trajectory", "trajectory_id", metavar="ID", help="Show this trajectory turn by turn.")
 @click.option("--step", type=int, help="List only this step's trajectories.")
 @click.option("--failed", is_flag=True, help="List only trajectories with reward 0.")
-def diagnose(run_dir, trajectory_id, step, failed):
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines (one per trajectory or turn) instead of a table.")
+def diagnose(run_dir, trajectory_id, step, failed, as_json):
     """Show a run's diagnoses: every trajectory's turn labels, or one trajectory turn by turn.
 
     RUN is a run directory (or its seal.db). With --trajectory, each ground-truth turn is shown with the
@@ -187,7 +188,10 @@ def diagnose(run_dir, trajectory_id, step, failed):
     Examples:
       seal-lite diagnose runs/quickstart --failed
       seal-lite diagnose runs/quickstart --trajectory s1-multi_turn_base_0-g0
+      seal-lite diagnose runs/quickstart --json | jq .labels
     """
+    import json
+
     from seal_lite.console import print_trajectories, print_turns
 
     store = _open_run(run_dir)
@@ -196,10 +200,21 @@ def diagnose(run_dir, trajectory_id, step, failed):
             trajectory = store.trajectory(trajectory_id)
         except LookupError as error:
             raise click.ClickException(f"{error}; list ids with: seal-lite diagnose {run_dir}") from None
-        print_turns(trajectory, store.turns(trajectory_id))
+        turns = store.turns(trajectory_id)
+        if as_json:
+            for turn in turns:
+                click.echo(json.dumps(turn))
+        else:
+            print_turns(trajectory, turns)
         return
     rows = [row for row in store.trajectories(step) if not failed or row["reward"] == 0]
-    print_trajectories(rows, store.turn_labels())
+    labels = store.turn_labels()
+    if as_json:
+        for row in rows:
+            summary = {key: row[key] for key in ("id", "step", "task_id", "reward", "weight", "num_model_calls", "stop_reason")}
+            click.echo(json.dumps(summary | {"labels": labels.get(row["id"], [])}))
+        return
+    print_trajectories(rows, labels)
     click.echo(f"Details: seal-lite diagnose {run_dir} --trajectory ID")
 
 
