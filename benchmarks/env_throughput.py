@@ -4,7 +4,8 @@ The trajectories are the ground truth of every BFCL multi-turn entry (or the fir
 corpus built from it (seal_lite/envs/mutations.py). seal-lite's path is what a rollout costs after generation:
 every call string parsed, dispatched in a live environment, scored with the official verdict, checked for
 irrelevance and labelled turn by turn. The baseline is bfcl-eval's multi_turn_checker alone on the same call
-strings. Prints turns/s for both and the ratio, then seal-lite's path spread over worker processes.
+strings; it stops at a trajectory's first failing turn, where the diagnosis goes on through every turn. Prints
+turns/s for both and the ratio, then seal-lite's path spread over worker processes (`seal-lite verify`).
 
     .venv/bin/python benchmarks/env_throughput.py [--limit 800] [--workers 2]
 """
