@@ -8,7 +8,7 @@ only model tokens carry loss.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from seal_lite.envs.bfcl import CallOutcome, Environment, Task, TurnRecord

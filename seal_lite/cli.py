@@ -210,9 +210,9 @@ def diagnose(run_dir, trajectory_id, step, failed, as_json):
     rows = [row for row in store.trajectories(step) if not failed or row["reward"] == 0]
     labels = store.turn_labels()
     if as_json:
+        keys = ("id", "step", "task_id", "reward", "weight", "num_model_calls", "stop_reason")
         for row in rows:
-            summary = {key: row[key] for key in ("id", "step", "task_id", "reward", "weight", "num_model_calls", "stop_reason")}
-            click.echo(json.dumps(summary | {"labels": labels.get(row["id"], [])}))
+            click.echo(json.dumps({key: row[key] for key in keys} | {"labels": labels.get(row["id"], [])}))
         return
     print_trajectories(rows, labels)
     click.echo(f"Details: seal-lite diagnose {run_dir} --trajectory ID")

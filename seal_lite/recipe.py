@@ -94,7 +94,7 @@ class Recipe(_Section):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
 
     @model_validator(mode="after")
-    def _check(self) -> "Recipe":
+    def _check(self) -> Recipe:
         if self.rollout.num_generations < 2:
             raise _FieldError(
                 "rollout.num_generations",

@@ -4,7 +4,12 @@ import random
 import pytest
 
 from seal_lite.training.advantages import (
-    diagnosis_weight, group_advantages, initial_utilities, label_shares, update_utilities, weighted_advantages,
+    diagnosis_weight,
+    group_advantages,
+    initial_utilities,
+    label_shares,
+    update_utilities,
+    weighted_advantages,
 )
 
 

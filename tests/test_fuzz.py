@@ -22,7 +22,7 @@ from seal_lite.diagnosis.verifier import diagnose_episode
 from seal_lite.envs.bfcl import REFUSED_CALL, Environment, TurnRecord, load_tasks
 from seal_lite.envs.calls import parse_calls
 
-EXAMPLES = int(os.environ.get("SEAL_LITE_FUZZ_EXAMPLES", 10_000))
+EXAMPLES = int(os.environ.get("SEAL_LITE_FUZZ_EXAMPLES", "10000"))
 TASK = load_tasks(["multi_turn_miss_func_0"])[0].truncated(1)
 VISIBLE = {doc["name"] for doc in TASK.visible_functions(0)}
 HIDDEN = {doc["name"] for docs in TASK.revealed.values() for doc in docs}

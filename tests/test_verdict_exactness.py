@@ -53,11 +53,14 @@ def test_corpus_is_large_varied_and_deterministic(mutants):
     kinds = Counter(m.kind for m in mutants)
     assert set(kinds) == set(KINDS) and min(kinds.values()) >= 300
     digest = hashlib.sha256(json.dumps([(m.id, m.turns) for m in mutants]).encode()).hexdigest()
+    script = (
+        "import hashlib, json, sys\n"
+        "from seal_lite.envs.bfcl import load_tasks\nfrom seal_lite.envs.mutations import corpus\n"
+        "ms = corpus(load_tasks(sys.argv[1:]))\n"
+        "print(hashlib.sha256(json.dumps([(m.id, m.turns) for m in ms]).encode()).hexdigest())"
+    )
     again = subprocess.run(  # another process, another hash seed: the same corpus
-        [sys.executable, "-c", "import hashlib, json, sys\n"
-         "from seal_lite.envs.bfcl import load_tasks\nfrom seal_lite.envs.mutations import corpus\n"
-         "ms = corpus(load_tasks(sys.argv[1:]))\n"
-         "print(hashlib.sha256(json.dumps([(m.id, m.turns) for m in ms]).encode()).hexdigest())", *ALL_IDS],
+        [sys.executable, "-c", script, *ALL_IDS],
         capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "12345", "PATH": ""},
     )
     assert again.stdout.strip() == digest

@@ -22,7 +22,15 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from seal_lite.diagnosis.labels import TurnEvidence, label_turn
-from seal_lite.envs.bfcl import Task, TurnRecord, load_tasks, official_irrelevance, official_verdict, replay_calls, turn_evidence
+from seal_lite.envs.bfcl import (
+    Task,
+    TurnRecord,
+    load_tasks,
+    official_irrelevance,
+    official_verdict,
+    replay_calls,
+    turn_evidence,
+)
 
 
 @dataclass

@@ -59,7 +59,7 @@ class Task:
     def long_context(self) -> bool:
         return self.category == "long_context"
 
-    def truncated(self, max_turns: int | None) -> "Task":
+    def truncated(self, max_turns: int | None) -> Task:
         """The same task cut to its first ``max_turns`` turns (its ground truth cut alike)."""
         if max_turns is None or max_turns >= len(self.turns):
             return self
@@ -98,7 +98,7 @@ def load_tasks(task_ids: list[str]) -> list[Task]:
     return tasks
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _category_entries(category: str) -> dict[str, Task]:
     stem = f"BFCL_v4_multi_turn_{category}.json"
     answers = {entry["id"]: entry["ground_truth"] for entry in _read_jsonl(PROMPT_PATH / "possible_answer" / stem)}
@@ -122,7 +122,7 @@ def _category_entries(category: str) -> dict[str, Task]:
     return tasks
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _class_docs(class_name: str) -> tuple[dict, ...]:
     return tuple(_read_jsonl(MULTI_TURN_FUNC_DOC_PATH / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
 

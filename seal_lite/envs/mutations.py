@@ -85,7 +85,7 @@ def altered(value, rng: random.Random):
     if isinstance(value, float):
         return round(value * 2 + 1, 2)
     if isinstance(value, str):
-        return rng.choice([value + "_x", value.upper() if value != value.upper() else value.lower(), value[:-1] or "x"])
+        return rng.choice([other for other in (value + "_x", value.swapcase(), value[:-1] or "x") if other != value])
     if isinstance(value, list):
         return value[:-1] if value else ["x"]
     if isinstance(value, dict):
