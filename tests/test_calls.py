@@ -1,3 +1,5 @@
+import json
+
 from seal_lite.envs.calls import MAX_CALL_TEXT_CHARS, ToolCall, parse_calls
 
 
@@ -43,3 +45,13 @@ def test_a_call_cut_off_mid_way_is_a_failed_call_not_prose():
         parsed = parse_calls(text)
         assert parsed.calls == [] and parsed.errors, text
     assert parse_calls("Note (see above): nothing to do.").errors == []
+
+
+def test_deep_json_is_refused_before_the_decoder_recurses():
+    deep = '{"a": ' * 2000 + "1" + "}" * 2000
+    direct = parse_calls(f'<tool_call>{{"name": "ls", "arguments": {deep}}}</tool_call>')
+    assert direct.calls == [] and direct.errors == ["tool_call block is not valid JSON: nested deeper than 20"]
+    encoded = parse_calls(f'<tool_call>{{"name": "ls", "arguments": {json.dumps(deep)}}}</tool_call>')
+    assert encoded.calls == [] and encoded.errors == ["arguments string is not valid JSON"]
+    brackets_in_strings = '<tool_call>{"name": "ls", "arguments": {"a": "[[[[{{{{\\" ]]"}}</tool_call>'
+    assert parse_calls(brackets_in_strings).calls[0].arguments == {"a": '[[[[{{{{" ]]'}

@@ -26,6 +26,7 @@ MAX_VALUE_DEPTH = 20
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _CODE_FENCE = re.compile(r"```(?:python|py|json)?\s*(.*?)```", re.DOTALL)
 _CALL_START = re.compile(r"\[?\s*[A-Za-z_][\w.]*\(")
+_JSON_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,28 @@ def _python_call_candidate(text: str) -> str | None:
     return body if _CALL_START.match(body) else None
 
 
+def _load_json(text: str):
+    """json.loads, refusing NaN/Infinity and nesting deeper than arguments may go before the decoder recurses
+    (a thousand levels would exhaust the interpreter's stack)."""
+    if _nesting_depth(text) > MAX_VALUE_DEPTH + 2:
+        raise ValueError(f"nested deeper than {MAX_VALUE_DEPTH}")
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def _nesting_depth(text: str) -> int:
+    depth = deepest = 0
+    for char in _JSON_STRING.sub('""', text):
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 def _parse_json_call(block: str) -> list[ToolCall]:
     try:
-        payload = json.loads(block, parse_constant=_reject_constant)
+        payload = _load_json(block)
     except (ValueError, RecursionError) as error:
         raise _InvalidCall(f"tool_call block is not valid JSON: {str(error)[:80]}") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
@@ -99,7 +119,7 @@ def _parse_json_call(block: str) -> list[ToolCall]:
     arguments = payload.get("arguments", payload.get("parameters", {}))
     if isinstance(arguments, str):  # some models double-encode the arguments
         try:
-            arguments = json.loads(arguments, parse_constant=_reject_constant)
+            arguments = _load_json(arguments)
         except (ValueError, RecursionError):
             raise _InvalidCall("arguments string is not valid JSON") from None
     return [_make_call(payload["name"], arguments)]
