@@ -18,7 +18,7 @@ ROOT = Path(__file__).parent.parent
 def test_help_for_group_and_commands():
     runner = CliRunner()
     assert "seal-lite run" in runner.invoke(main, ["--help"]).output
-    for command in ("run", "recipe"):
+    for command in ("run", "recipe", "verify", "diagnose"):
         result = runner.invoke(main, [command, "--help"])
         assert result.exit_code == 0 and "Examples:" in result.output
 
