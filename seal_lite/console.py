@@ -88,7 +88,9 @@ def print_turns(trajectory: dict, turns: list[dict]) -> None:
         f"{trajectory['weighted_advantage']:+.3f}  stop {trajectory['stop_reason']}"
     )
     table = Table(show_lines=True)
-    for column in ("turn", "user", "model calls -> results", "expected calls", "label", "cause", "evidence"):
+    columns = ["turn", "user", "model calls -> results", "expected calls", "label", "cause", "evidence"]
+    explained = any(turn.get("diagnosis") for turn in turns)
+    for column in columns + (["diagnoser: explanation / hint"] if explained else []):
         table.add_column(column, overflow="fold")
     for turn in turns:
         statuses = turn["evidence"].get("statuses", [])
@@ -100,10 +102,22 @@ def print_turns(trajectory: dict, turns: list[dict]) -> None:
         details = evidence.get("differences", []) + [
             f"{name}: {evidence[name]}" for name in ("gt_error", "checker_error") if evidence.get(name)
         ]
-        table.add_row(str(turn["turn_index"]), _short(turn["user_text"], 160), calls,
-                      "\n".join(turn["gt_calls"]) or "(abstain)", _label_text(turn["label"]), turn["cause"] or "",
-                      "\n".join(details))
+        cells = [str(turn["turn_index"]), _short(turn["user_text"], 160), calls,
+                 "\n".join(turn["gt_calls"]) or "(abstain)", _label_text(turn["label"]), turn["cause"] or "",
+                 "\n".join(details)]
+        if explained:
+            cells.append(_explanation_text(turn.get("diagnosis")))
+        table.add_row(*cells)
     console.print(table)
+
+
+def _explanation_text(diagnosis: dict | None) -> str:
+    if not diagnosis:
+        return ""
+    if diagnosis["status"] != "ok":
+        return f"({diagnosis['status']}: {diagnosis['error']})"
+    label = f"[{diagnosis['label']}] " if diagnosis["label"] else ""
+    return f"{label}{diagnosis['explanation']}\nhint: {diagnosis['recovery_hint']}"
 
 
 def _label_text(label: str) -> str:

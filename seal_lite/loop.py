@@ -16,6 +16,7 @@ Deviations from the paper, each on purpose:
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections import Counter, defaultdict
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from seal_lite.agent import Generator, Trajectory, rollout_group
+from seal_lite.diagnosis.diagnoser import Diagnoser, Explanation, StepReport, failed_turns, resolve_gguf
 from seal_lite.diagnosis.labels import EXCLUDED_LABELS
 from seal_lite.diagnosis.verifier import EpisodeDiagnosis, diagnose_episode
 from seal_lite.envs.bfcl import Task, load_tasks
@@ -97,8 +99,9 @@ class SealStep:
     """One SEAL iteration; TRL calls it with the step's prompts (task ids, G copies each)."""
 
     def __init__(self, recipe: Recipe, store: Store, tasks: dict[str, Task], generator: Generator,
-                 progress: Progress = NoProgress()):
+                 progress: Progress = NoProgress(), diagnoser: Diagnoser | None = None):
         self.recipe, self.store, self.tasks, self.generator, self.progress = recipe, store, tasks, generator, progress
+        self.diagnoser = diagnoser
         self.utilities = initial_utilities()
         self.statistics = FailureStatistics()
         self.step = 0
@@ -116,7 +119,7 @@ class SealStep:
             self.statistics.reset_window()  # the window statistics restart every epoch (§2 step 6)
         self.progress.step_started(self.step, len(task_ids))
 
-        trajectories, rewards, labels, irrelevance, turn_rows = [], [], [], [], []
+        trajectories, diagnoses = [], []
         for task_id in task_ids:
             task = self.tasks[task_id]
             # 2-3. Render the training interface and roll out G trajectories against fresh BFCL environments.
@@ -124,13 +127,13 @@ class SealStep:
             for trajectory in group:
                 # 4. Verify: the official BFCL multi-turn verdict is the reward.
                 # 5. Diagnose every ground-truth turn from executable evidence.
-                diagnosis = diagnose_episode(task, trajectory.turns)
                 trajectories.append(trajectory)
-                rewards.append(1.0 if diagnosis.valid else 0.0)
-                labels.append(diagnosis.labels)
-                irrelevance.append(diagnosis.irrelevance_valid)
-                turn_rows += _turn_rows(self.step, task, trajectory, diagnosis)
-            self.progress.task_done(task_id, rewards[-G:])
+                diagnoses.append(diagnose_episode(task, trajectory.turns))
+            self.progress.task_done(task_id, [float(d.valid) for d in diagnoses[-G:]])
+        rewards = [1.0 if d.valid else 0.0 for d in diagnoses]
+        # 5b. The local model explains new failures; its label counts only if the recipe makes it the authority.
+        explained, report = self._explain(trajectories, diagnoses)
+        labels = [self._labels(diagnosis, answers) for diagnosis, answers in zip(diagnoses, explained)]
 
         # 6. Update the failure statistics C_t.
         for trajectory_labels, reward in zip(labels, rewards):
@@ -148,7 +151,7 @@ class SealStep:
             weights = [1.0] * len(rewards)
         final = weighted_advantages(advantages, weights, self.recipe.grpo.apply_to)
 
-        metrics = self._record(trajectories, rewards, labels, irrelevance, advantages, weights, final, turn_rows, started)
+        metrics = self._record(trajectories, diagnoses, explained, report, labels, advantages, weights, final, started)
         self.progress.step_finished(self.step, metrics)
         return RolloutBatch(
             prompt_ids=[t.prompt_ids for t in trajectories],
@@ -158,7 +161,33 @@ class SealStep:
             advantages=final,
         )
 
-    def _record(self, trajectories, rewards, labels, irrelevance, advantages, weights, final, turn_rows, started) -> dict:
+    def _explain(self, trajectories, diagnoses) -> tuple[list[dict[int, Explanation]], StepReport | None]:
+        """Per trajectory, the diagnoser's answers by turn index (only turns it answered)."""
+        explained = [{} for _ in trajectories]
+        if self.diagnoser is None:
+            return explained, None
+        cases = [(position, index, case)
+                 for position, (trajectory, diagnosis) in enumerate(zip(trajectories, diagnoses))
+                 for index, case in failed_turns(self.tasks[trajectory.task_id], trajectory.turns, diagnosis).items()]
+        answers, report = self.diagnoser.explain([case for _, _, case in cases])
+        for (position, index, _), answer in zip(cases, answers):
+            if answer is not None:
+                explained[position][index] = answer
+        return explained, report
+
+    def _labels(self, diagnosis: EpisodeDiagnosis, answers: dict[int, Explanation]) -> list[str]:
+        """The labels that count for C_t and the weights: the rule's, or the model's valid refinements."""
+        labels = list(diagnosis.labels)
+        if self.recipe.diagnoser.label_authority == "llm":
+            for index, answer in answers.items():
+                if answer.status == "ok":
+                    labels[index] = answer.label
+        return labels
+
+    def _record(self, trajectories, diagnoses, explained, report, labels, advantages, weights, final, started) -> dict:
+        rewards = [1.0 if d.valid else 0.0 for d in diagnoses]
+        turn_rows = [row for trajectory, diagnosis, answers in zip(trajectories, diagnoses, explained)
+                     for row in _turn_rows(self.step, self.tasks[trajectory.task_id], trajectory, diagnosis, answers)]
         rows = []
         for trajectory, reward, advantage, weight, weighted in zip(trajectories, rewards, advantages, weights, final):
             rows.append({
@@ -181,7 +210,7 @@ class SealStep:
         counted = sum(n for label, n in counts.items() if label not in EXCLUDED_LABELS) or 1
         metrics = {
             "reward/mean": sum(rewards) / len(rewards),
-            "verdict/irrelevance_pass_rate": sum(irrelevance) / len(irrelevance),  # never part of the reward
+            "verdict/irrelevance_pass_rate": sum(d.irrelevance_valid for d in diagnoses) / len(diagnoses),  # not a reward
             "grpo/weight_mean": sum(weights) / len(weights),
             "grpo/weight_min": min(weights),
             "grpo/weight_max": max(weights),
@@ -203,7 +232,13 @@ class SealStep:
             "interface_version": INTERFACE_VERSION,
             "num_trajectories": len(rows),
         }
-        self.store.save_step(step_row, rows, turn_rows, metrics)
+        if report is not None:
+            metrics |= report.metrics()
+            pairs = [(answer.label, diagnosis.labels[index]) for diagnosis, answers in zip(diagnoses, explained)
+                     for index, answer in answers.items() if answer.status == "ok"]
+            if pairs:  # how often the model's label agrees with the rule label
+                metrics["diagnoser/label_agreement"] = sum(model == rule for model, rule in pairs) / len(pairs)
+        self.store.save_step(step_row, rows, turn_rows, metrics, [answer.row() for answer in report.new] if report else [])
         return metrics
 
 
@@ -211,7 +246,8 @@ def trajectory_id(step: int, trajectory: Trajectory) -> str:
     return f"s{step}-{trajectory.task_id}-g{trajectory.group_index}"
 
 
-def _turn_rows(step: int, task: Task, trajectory: Trajectory, diagnosis: EpisodeDiagnosis) -> list[dict]:
+def _turn_rows(step: int, task: Task, trajectory: Trajectory, diagnosis: EpisodeDiagnosis,
+               answers: dict[int, Explanation]) -> list[dict]:
     rows = []
     for index, turn in enumerate(diagnosis.turns):
         record = trajectory.turns[index] if index < len(trajectory.turns) else None
@@ -225,6 +261,7 @@ def _turn_rows(step: int, task: Task, trajectory: Trajectory, diagnosis: Episode
             "gt_calls": task.ground_truth[index],
             "label": turn.label,
             "cause": turn.cause,
+            "diagnosis_key": answers[index].key if index in answers else None,
             "evidence": {"differences": turn.evidence.differences, "gt_error": turn.evidence.gt_error,
                          "checker_error": turn.evidence.checker_error, "statuses": [o.status for o in outcomes]},
         })
@@ -244,6 +281,16 @@ class RunSummary:
     weight_max: float
     wall_time_s: float
     loss: list[float]
+
+
+@contextlib.contextmanager
+def _diagnoser(recipe: Recipe, store: Store):
+    if recipe.diagnoser.mode == "off":
+        yield None
+        return
+    model_path = resolve_gguf(recipe.diagnoser.model) if recipe.diagnoser.mode != "url" else ""
+    with Diagnoser(recipe.diagnoser, model_path, lookup=store.diagnosis) as diagnoser:
+        yield diagnoser
 
 
 def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> RunSummary:
@@ -268,12 +315,13 @@ def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> Run
             "system_prompt_cues": SCHEMA_CUE_LINE if recipe.interface.schema_cues else "",
         })
         model, tokenizer = load_policy(resolve_model(recipe.policy.model), recipe)
-        seal_step = SealStep(recipe, store, tasks, None, progress)
-        trainer = build_trainer(model, tokenizer, recipe, task_ids, seal_step, str(out_dir / "trl"),
-                                callbacks=[StoreCallback(store)])
-        # The generator must use the LoRA-wrapped model TRL built, so rollouts come from the current policy.
-        seal_step.generator = TransformersGenerator(trainer.model, tokenizer)
-        trainer.train()  # 9. the policy updates, one per SEAL step
+        with _diagnoser(recipe, store) as diagnoser:  # a served diagnoser stops here, also on error and Ctrl-C
+            seal_step = SealStep(recipe, store, tasks, None, progress, diagnoser)
+            trainer = build_trainer(model, tokenizer, recipe, task_ids, seal_step, str(out_dir / "trl"),
+                                    callbacks=[StoreCallback(store)])
+            # The generator must use the LoRA-wrapped model TRL built, so rollouts come from the current policy.
+            seal_step.generator = TransformersGenerator(trainer.model, tokenizer)
+            trainer.train()  # 9. the policy updates, one per SEAL step
         trainer.save_model(str(out_dir / "adapter"))
     except BaseException:
         store.finish_run(recipe.name, "failed", time.time() - started)

@@ -65,6 +65,33 @@ class InterfaceConfig(_Section):
     )
 
 
+class DiagnoserConfig(_Section):
+    mode: Literal["off", "in_process", "server", "url"] = Field(
+        "in_process",
+        description="The local diagnoser model that explains failed turns: off; in_process (llama_cpp.Llama in "
+        "this process); server (seal-lite starts llama-cpp-python's server on 127.0.0.1 and stops it at the end); "
+        "url (an OpenAI-compatible server you run, see diagnoser.url).",
+    )
+    model: str = Field(
+        "smollm2-135m",
+        description="GGUF of the diagnoser: a registry name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
+        "shipped in pip packages) or a path to a .gguf file.",
+    )
+    url: str | None = Field(None, description="Base URL of the server for mode url, e.g. http://127.0.0.1:8000.")
+    label_authority: Literal["rule", "llm"] = Field(
+        "rule",
+        description="Which label weights the advantages: the rule label from executable evidence, or the "
+        "model's refinement where it gave a valid one.",
+    )
+    max_per_step: int = Field(
+        4, ge=0, description="New failures the model is asked about per step (cached ones are free); bounds its cost."
+    )
+    timeout_s: float = Field(30.0, gt=0.0, description="Seconds one diagnosis may take before the rule label stands alone.")
+    max_tokens: int = Field(256, ge=32, description="Token budget of one diagnosis (two 200-character texts fit).")
+    n_ctx: int = Field(4096, ge=512, description="Context size of the diagnoser model.")
+    n_threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp (default: all cores).")
+
+
 class GRPOConfig(_Section):
     steps: int = Field(2, ge=1, description="Number of SEAL steps (policy updates).")
     tasks_per_step: int = Field(2, ge=1, description="Tasks sampled per step (paper: 32).")
@@ -91,6 +118,7 @@ class Recipe(_Section):
     data: DataConfig = Field(default_factory=DataConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     interface: InterfaceConfig = Field(default_factory=InterfaceConfig)
+    diagnoser: DiagnoserConfig = Field(default_factory=DiagnoserConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
 
     @model_validator(mode="after")
@@ -108,6 +136,9 @@ class Recipe(_Section):
                 f"a step cannot sample more tasks than data.num_tasks ({self.data.num_tasks}); "
                 f"lower it or raise data.num_tasks",
             )
+        if self.diagnoser.mode == "url" and not self.diagnoser.url:
+            raise _FieldError("diagnoser.url", None, "diagnoser.mode url needs the server's base URL; set diagnoser.url "
+                              "(e.g. http://127.0.0.1:8000) or use mode server to let seal-lite start one")
         return self
 
     def out_dir(self) -> Path:

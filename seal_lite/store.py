@@ -6,6 +6,7 @@ Tables (documented in docs/store.md):
     steps               one row per SEAL step: reward, weights, loss, interface version
     trajectories        one row per rollout: reward, advantage, weight, messages
     turns               one row per ground-truth user turn of a trajectory: calls, results, label, cause
+    diagnoses           the local diagnoser's answers, keyed by the content hash of the failure (a cache)
     interface_versions  the rendered training interface, version by version
     metrics             (step, name, value), namespaced like reward/mean or labels/pass
 
@@ -43,8 +44,13 @@ _TABLES = {
     ),
     "turns": (
         {"trajectory_id": str, "turn_index": int, "user_text": str, "model_calls": str, "results": str,
-         "gt_calls": str, "label": str, "cause": str, "evidence": str},
+         "gt_calls": str, "label": str, "cause": str, "evidence": str, "diagnosis_key": str},
         ("trajectory_id", "turn_index"),
+    ),
+    "diagnoses": (
+        {"key": str, "model": str, "status": str, "label": str, "cause": str, "culprit_call_index": int,
+         "explanation": str, "recovery_hint": str, "redactions": int, "seconds": float, "error": str},
+        "key",
     ),
     "interface_versions": (
         {"version": int, "parent": int, "step": int, "components": str, "system_prompt_cues": str,
@@ -95,12 +101,14 @@ class Store:
         with self.db.atomic():
             self.db["interface_versions"].upsert(_encode(version), pk="version")
 
-    def save_step(self, step: dict, trajectories: list[dict], turns: list[dict], metrics: dict[str, float]) -> None:
+    def save_step(self, step: dict, trajectories: list[dict], turns: list[dict], metrics: dict[str, float],
+                  diagnoses: list[dict] = ()) -> None:
         """Write one step's rows in a single transaction."""
         with self.db.atomic():
             self.db["steps"].upsert(step, pk="step")
             self.db["trajectories"].upsert_all([_encode(t) for t in trajectories], pk="id")
-            self.db["turns"].upsert_all([_encode(t) for t in turns], pk=("trajectory_id", "turn_index"))
+            self.db["turns"].upsert_all([_encode(t) for t in turns], pk=("trajectory_id", "turn_index"), alter=True)
+            self.db["diagnoses"].upsert_all(list(diagnoses), pk="key")
             self._upsert_metrics(step["step"], metrics)
 
     def save_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -133,9 +141,17 @@ class Store:
         except sqlite_utils.db.NotFoundError:
             raise LookupError(f"no trajectory {trajectory_id!r} in {self.path}") from None
 
+    def diagnosis(self, key: str) -> dict | None:
+        """A stored diagnoser answer for this failure's content hash, or None."""
+        rows = list(self.db["diagnoses"].rows_where("key = ?", [key]))
+        return rows[0] if rows else None
+
     def turns(self, trajectory_id: str) -> list[dict]:
         rows = self.db["turns"].rows_where("trajectory_id = ?", [trajectory_id], order_by="turn_index")
-        return [_decode(row, "model_calls", "results", "gt_calls", "evidence") for row in rows]
+        turns = [_decode(row, "model_calls", "results", "gt_calls", "evidence") for row in rows]
+        for turn in turns:  # the diagnoser's explanation, where it gave one
+            turn["diagnosis"] = self.diagnosis(turn["diagnosis_key"]) if turn.get("diagnosis_key") else None
+        return turns
 
     def turn_labels(self) -> dict[str, list[str]]:
         """trajectory id -> its turn labels in turn order."""
