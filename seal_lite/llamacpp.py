@@ -5,6 +5,8 @@
   until it answers, and stops it on exit, on error and on Ctrl-C. On Linux the child also gets a signal when
   seal-lite dies for any reason (even ``kill -9``), so no server outlives its run.
 * ``ServerModel`` talks to such a server, or to any URL the user gives, over HTTP (standard library only).
+* ``LlamaCppGenerator`` plays rollouts from a GGUF (the ``Generator`` of seal_lite/agent.py): the benchmarks use
+  it to collect real failed turns from the pip models several times faster than transformers on a CPU.
 
 Every failure to answer (timeout, connection refused, server gone) is a ``BackendError``; what to do about it
 is the diagnoser's business (seal_lite/diagnosis/diagnoser.py).
@@ -53,6 +55,34 @@ class InProcessModel:
         except ValueError as error:  # e.g. the prompt does not fit the context
             raise BackendError(f"llama.cpp refused the request: {error}") from None
         return "".join(text)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+class LlamaCppGenerator:
+    """Continue token sequences with a GGUF. ``tokenizer`` is the same model's Hugging Face tokenizer (chat
+    template and ids; a GGUF and the model converted from it share the vocabulary). Sequences run one by one;
+    llama.cpp keeps the longest common prefix of consecutive prompts in its cache."""
+
+    def __init__(self, model_path: str, tokenizer, n_ctx: int = 8192, n_threads: int | None = None, seed: int = 0):
+        from llama_cpp import Llama
+
+        self.tokenizer = tokenizer
+        self.llm = Llama(model_path, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(), seed=seed, verbose=False)
+        stops = {self.llm.token_eos(), tokenizer.eos_token_id, tokenizer.get_vocab().get("<|im_end|>")}
+        self.stop_ids = {token for token in stops if token is not None}
+
+    def generate(self, batch: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
+        results = []
+        for ids in batch:
+            new: list[int] = []
+            for token in self.llm.generate(ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+                new.append(token)
+                if token in self.stop_ids or len(new) >= max_new_tokens:
+                    break
+            results.append(new)
+        return results
 
     def close(self) -> None:
         self.llm.close()
