@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from seal_lite.envs.bfcl import CallOutcome, Environment, Task, TurnRecord
-from seal_lite.interface import render_view, reveal_message
-from seal_lite.recipe import InterfaceConfig, RolloutConfig
+from seal_lite.interface import TrainingInterface, observation, render_view, reveal_message
+from seal_lite.recipe import RolloutConfig
 
 
 class Generator(Protocol):
@@ -101,9 +101,9 @@ class _Episode:
     stop_reason: str | None = None
 
 
-def tool_message(outcomes: list[CallOutcome]) -> dict:
-    lines = [f"{o.canonical or (o.call.name if o.call else 'call')} -> {o.result}" for o in outcomes]
-    return {"role": "tool", "content": "\n".join(lines)}
+def tool_message(outcomes: list[CallOutcome], interface: TrainingInterface, visible: list[str]) -> dict:
+    results = [(o.canonical or (o.call.name if o.call else "call"), o.status, o.result) for o in outcomes]
+    return {"role": "tool", "content": observation(results, interface, visible)}
 
 
 def rollout_group(
@@ -111,12 +111,11 @@ def rollout_group(
     group_size: int,
     generator: Generator,
     rollout: RolloutConfig,
-    interface: InterfaceConfig,
+    interface: TrainingInterface,
 ) -> list[Trajectory]:
     """Play ``group_size`` episodes of ``task`` against fresh BFCL environments, batching model calls."""
-    cues = interface.schema_cues
-    view = render_view(task.visible_functions(0), cues, interface.tool_format)
-    first_user = _user_text(task, 0, cues, interface.tool_format)
+    view = render_view(task.visible_functions(0), interface)
+    first_user = _user_text(task, 0, interface)
     episodes = []
     for index in range(group_size):
         messages = [{"role": "system", "content": view.system_prompt}, {"role": "user", "content": first_user}]
@@ -127,7 +126,7 @@ def rollout_group(
     while active := [e for e in episodes if e.stop_reason is None]:
         new_ids = generator.generate([e.conversation.ids for e in active], rollout.max_new_tokens, rollout.temperature)
         for episode, ids in zip(active, new_ids, strict=True):
-            _advance(episode, ids, task, rollout, interface, cues)
+            _advance(episode, ids, task, rollout, interface)
     return [_trajectory(task, e) for e in episodes]
 
 
@@ -146,14 +145,14 @@ def _trajectory(task: Task, e: _Episode) -> Trajectory:
     )
 
 
-def _user_text(task: Task, turn: int, cues: bool, tool_format: str) -> str:
+def _user_text(task: Task, turn: int, interface: TrainingInterface) -> str:
     text = task.user_message(turn)
     if turn in task.revealed and turn > 0:
-        return reveal_message(task.revealed[turn], cues, tool_format, text)
+        return reveal_message(task.revealed[turn], interface, text)
     return text
 
 
-def _advance(e: _Episode, ids: list[int], task: Task, rollout: RolloutConfig, interface: InterfaceConfig, cues: bool):
+def _advance(e: _Episode, ids: list[int], task: Task, rollout: RolloutConfig, interface: TrainingInterface):
     """Apply one model message to an episode: execute its calls, then continue the turn or open the next."""
     content = e.conversation.add_model_tokens(ids)
     e.model_calls += 1
@@ -161,7 +160,8 @@ def _advance(e: _Episode, ids: list[int], task: Task, rollout: RolloutConfig, in
     outcomes = e.env.run(content, e.turn)
     if outcomes:
         e.turns[e.turn].outcomes_per_step.append(outcomes)
-    pending = [tool_message(outcomes)] if outcomes else []
+    visible = [doc["name"] for doc in task.visible_functions(e.turn)]
+    pending = [tool_message(outcomes, interface, visible)] if outcomes else []
     if e.model_calls >= rollout.max_model_calls:
         e.stop_reason = "call_budget" if (outcomes or e.turn + 1 < len(task.turns)) else "done"
         return
@@ -171,7 +171,7 @@ def _advance(e: _Episode, ids: list[int], task: Task, rollout: RolloutConfig, in
         if e.turn >= len(task.turns):
             e.stop_reason = "done"
             return
-        user = _user_text(task, e.turn, cues, interface.tool_format)
+        user = _user_text(task, e.turn, interface)
         e.turns.append(TurnRecord(user))
         pending.append({"role": "user", "content": user})
     e.conversation.add_env_messages(pending)

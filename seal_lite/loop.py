@@ -8,8 +8,8 @@ Deviations from the paper, each on purpose:
 * LoRA on a small model on CPU instead of full fine-tuning of 3-8B models on 4 GPUs; hence a larger learning
   rate (recipe default 2e-5 instead of 1e-6).
 * Rollouts with transformers ``generate`` on the policy itself, batched over the G trajectories of a task.
-* Only phi_schema of the training interface exists yet (as in the paper's published runs); it is static, so
-  the interface has one version.
+* All three interface components can be on (the paper's published runs kept only phi_schema, statically);
+  phi_cap changes with the failure statistics, and every change is a new interface version in the store.
 * ``rollout.max_turns`` may cut tasks to their first turns (with their ground truth) to fit a CPU budget;
   the reward is then the official verdict on that shorter task.
 """
@@ -17,6 +17,8 @@ Deviations from the paper, each on purpose:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import random
 import time
 from collections import Counter, defaultdict
@@ -26,10 +28,11 @@ from typing import Protocol
 
 from seal_lite.agent import Generator, Trajectory, rollout_group
 from seal_lite.diagnosis.diagnoser import Diagnoser, Explanation, StepReport, failed_turns, resolve_gguf
+from seal_lite.diagnosis.explainer import argument_values, redact_unseen_values
 from seal_lite.diagnosis.labels import EXCLUDED_LABELS
 from seal_lite.diagnosis.verifier import EpisodeDiagnosis, diagnose_episode
 from seal_lite.envs.bfcl import Task, load_tasks
-from seal_lite.interface import SCHEMA_CUE_LINE
+from seal_lite.interface import SCHEMA_CUE_LINE, TrainingInterface, capability_guidelines
 from seal_lite.recipe import Recipe
 from seal_lite.store import Store
 from seal_lite.training.advantages import (
@@ -41,7 +44,6 @@ from seal_lite.training.advantages import (
 )
 from seal_lite.training.grpo import RolloutBatch
 
-INTERFACE_VERSION = 1  # phi_schema is static for now: one version per run
 
 
 class Progress(Protocol):
@@ -106,6 +108,11 @@ class SealStep:
         self.statistics = FailureStatistics()
         self.step = 0
         self.steps_per_epoch = max(1, len(tasks) // recipe.grpo.tasks_per_step)
+        config = recipe.interface
+        self.interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
+        self.version = 1
+        self.diagnoser_hints: dict[str, str] = {}  # failure label -> latest hint of the local diagnoser
+        self.store.save_interface_version(self._version_row(None, "initial training interface", {}))
 
     def __call__(self, prompts: list[str]) -> RolloutBatch:
         started = time.time()
@@ -123,7 +130,8 @@ class SealStep:
         for task_id in task_ids:
             task = self.tasks[task_id]
             # 2-3. Render the training interface and roll out G trajectories against fresh BFCL environments.
-            group = rollout_group(task, G, self.generator, self.recipe.rollout, self.recipe.interface)
+            interface = _guard(self.interface, task)
+            group = rollout_group(task, G, self.generator, self.recipe.rollout, interface)
             for trajectory in group:
                 # 4. Verify: the official BFCL multi-turn verdict is the reward.
                 # 5. Diagnose every ground-truth turn from executable evidence.
@@ -152,6 +160,8 @@ class SealStep:
         final = weighted_advantages(advantages, weights, self.recipe.grpo.apply_to)
 
         metrics = self._record(trajectories, diagnoses, explained, report, labels, advantages, weights, final, started)
+        # 10. Evolve the training interface from C_t for the next step.
+        self._evolve_interface(explained, diagnoses)
         self.progress.step_finished(self.step, metrics)
         return RolloutBatch(
             prompt_ids=[t.prompt_ids for t in trajectories],
@@ -160,6 +170,38 @@ class SealStep:
             rewards=rewards,
             advantages=final,
         )
+
+    def _evolve_interface(self, explained, diagnoses) -> None:
+        for diagnosis, answers in zip(diagnoses, explained):
+            for index, answer in answers.items():
+                if answer.status == "ok":
+                    self.diagnoser_hints[diagnosis.labels[index]] = answer.recovery_hint
+        if not self.recipe.interface.capability_hints:
+            return
+        counts, rewards = self.statistics.window_counts, self.statistics.window_mean_reward()
+        hints = self.diagnoser_hints if self.recipe.interface.hints == "llm" else None
+        guidelines = capability_guidelines(counts, rewards, hints)
+        if guidelines == self.interface.guidelines:
+            return
+        added = [line for line in guidelines if line not in self.interface.guidelines]
+        removed = [line for line in self.interface.guidelines if line not in guidelines]
+        reason = "; ".join([f"guideline added: {line}" for line in added] + [f"guideline removed: {line}" for line in removed])
+        parent, self.version = self.version, self.version + 1
+        self.interface = dataclasses.replace(self.interface, guidelines=guidelines)
+        statistics = {"counts": dict(counts), "mean_rewards": rewards}
+        self.store.save_interface_version(self._version_row(parent, reason, statistics))
+
+    def _version_row(self, parent: int | None, reason: str, statistics: dict) -> dict:
+        config = self.recipe.interface
+        return {
+            "version": self.version, "parent": parent, "step": self.step, "reason": reason,
+            "components": {"schema_cues": config.schema_cues, "recovery_feedback": config.recovery_feedback,
+                           "capability_hints": config.capability_hints, "hints": config.hints,
+                           "tool_format": config.tool_format},
+            "system_prompt_cues": SCHEMA_CUE_LINE if config.schema_cues else "",
+            "guidelines": list(self.interface.guidelines),
+            "statistics": statistics,
+        }
 
     def _explain(self, trajectories, diagnoses) -> tuple[list[dict[int, Explanation]], StepReport | None]:
         """Per trajectory, the diagnoser's answers by turn index (only turns it answered)."""
@@ -203,7 +245,7 @@ class SealStep:
                 "num_tokens": len(trajectory.prompt_ids) + len(trajectory.completion_ids),
                 "num_model_tokens": sum(trajectory.env_mask),
                 "stop_reason": trajectory.stop_reason,
-                "interface_version": INTERFACE_VERSION,
+                "interface_version": self.version,
                 "messages": trajectory.messages,
             })
         counts = Counter(label for trajectory_labels in labels for label in trajectory_labels)
@@ -215,7 +257,8 @@ class SealStep:
             "grpo/weight_min": min(weights),
             "grpo/weight_max": max(weights),
             "grpo/advantage_abs_mean": sum(abs(a) for a in final) / len(final),
-            "interface/version": INTERFACE_VERSION,
+            "interface/version": self.version,
+            "interface/guidelines": len(self.interface.guidelines),
             "time/rollout_s": time.time() - started,
             "tokens/model": sum(row["num_model_tokens"] for row in rows),
             "tokens/total": sum(row["num_tokens"] for row in rows),
@@ -229,7 +272,7 @@ class SealStep:
             "reward_mean": metrics["reward/mean"],
             "weight_min": metrics["grpo/weight_min"],
             "weight_max": metrics["grpo/weight_max"],
-            "interface_version": INTERFACE_VERSION,
+            "interface_version": self.version,
             "num_trajectories": len(rows),
         }
         if report is not None:
@@ -240,6 +283,18 @@ class SealStep:
                 metrics["diagnoser/label_agreement"] = sum(model == rule for model, rule in pairs) / len(pairs)
         self.store.save_step(step_row, rows, turn_rows, metrics, [answer.row() for answer in report.new] if report else [])
         return metrics
+
+
+def _guard(interface: TrainingInterface, task: Task) -> TrainingInterface:
+    """The interface for one task, with any of its ground-truth argument values that its own conversation does
+    not show removed from the guidelines (a diagnoser hint learned on another task could carry one)."""
+    if not interface.guidelines:
+        return interface
+    visible = json.dumps(task.visible_functions(len(task.turns) - 1)) + " ".join(
+        task.user_message(index) for index in range(len(task.turns)))
+    hidden = argument_values([call for turn in task.ground_truth for call in turn])
+    guarded = tuple(redact_unseen_values(line, hidden, visible)[0] for line in interface.guidelines)
+    return dataclasses.replace(interface, guidelines=guarded)
 
 
 def trajectory_id(step: int, trajectory: Trajectory) -> str:
@@ -309,11 +364,6 @@ def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> Run
             {"id": t.id, "category": t.category, "num_turns": len(t.turns), "involved_classes": ",".join(t.involved_classes)}
             for t in tasks.values()
         ])
-        store.save_interface_version({
-            "version": INTERFACE_VERSION, "parent": None, "step": 0, "reason": "initial training interface",
-            "components": {"schema_cues": recipe.interface.schema_cues, "tool_format": recipe.interface.tool_format},
-            "system_prompt_cues": SCHEMA_CUE_LINE if recipe.interface.schema_cues else "",
-        })
         model, tokenizer = load_policy(resolve_model(recipe.policy.model), recipe)
         with _diagnoser(recipe, store) as diagnoser:  # a served diagnoser stops here, also on error and Ctrl-C
             seal_step = SealStep(recipe, store, tasks, None, progress, diagnoser)

@@ -59,6 +59,13 @@ class RolloutConfig(_Section):
 
 class InterfaceConfig(_Section):
     schema_cues: bool = Field(True, description="phi_schema: mark required parameters and enums; one rule line.")
+    recovery_feedback: bool = Field(True, description="phi_err: after a failed call, one hint chosen from the error.")
+    capability_hints: bool = Field(
+        True, description="phi_cap: a Guidelines block for frequent, costly failure labels (at most 3 lines)."
+    )
+    hints: Literal["template", "llm"] = Field(
+        "template", description="Where guideline texts come from: fixed templates, or the local diagnoser's hints."
+    )
     tool_format: Literal["signatures", "json"] = Field(
         "signatures",
         description="How tools appear in the system prompt: one-line signatures (6x fewer tokens) or JSON schemas.",
@@ -136,6 +143,9 @@ class Recipe(_Section):
                 f"a step cannot sample more tasks than data.num_tasks ({self.data.num_tasks}); "
                 f"lower it or raise data.num_tasks",
             )
+        if self.interface.hints == "llm" and self.diagnoser.mode == "off":
+            raise _FieldError("interface.hints", "llm", "hints from the diagnoser need it on; set diagnoser.mode "
+                              "to in_process (or server/url), or use interface.hints template")
         if self.diagnoser.mode == "url" and not self.diagnoser.url:
             raise _FieldError("diagnoser.url", None, "diagnoser.mode url needs the server's base URL; set diagnoser.url "
                               "(e.g. http://127.0.0.1:8000) or use mode server to let seal-lite start one")

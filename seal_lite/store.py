@@ -54,7 +54,7 @@ _TABLES = {
     ),
     "interface_versions": (
         {"version": int, "parent": int, "step": int, "components": str, "system_prompt_cues": str,
-         "reason": str},
+         "guidelines": str, "statistics": str, "reason": str},
         "version",
     ),
     "metrics": ({"step": int, "name": str, "value": float}, ("step", "name")),
@@ -99,7 +99,7 @@ class Store:
 
     def save_interface_version(self, version: dict) -> None:
         with self.db.atomic():
-            self.db["interface_versions"].upsert(_encode(version), pk="version")
+            self.db["interface_versions"].upsert(_encode(version), pk="version", alter=True)
 
     def save_step(self, step: dict, trajectories: list[dict], turns: list[dict], metrics: dict[str, float],
                   diagnoses: list[dict] = ()) -> None:

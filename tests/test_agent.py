@@ -4,6 +4,7 @@ from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite.agent import rollout_group
 from seal_lite.envs.bfcl import load_tasks, official_verdict
+from seal_lite.interface import TrainingInterface
 from seal_lite.recipe import Recipe
 
 
@@ -22,7 +23,7 @@ def test_loss_mask_is_exactly_the_generated_tokens(smol_tokenizer):
     recipe = Recipe()
     rollout = recipe.rollout.model_copy(update={"max_calls_per_turn": 2, "max_model_calls": 20})
     generator = ScriptedGenerator(smol_tokenizer, [gt_scripts(task, False), gt_scripts(task, True)])
-    trajectories = rollout_group(task, 2, generator, rollout, recipe.interface)
+    trajectories = rollout_group(task, 2, generator, rollout, TrainingInterface(schema_cues=True))
 
     for trajectory, produced in zip(trajectories, generator.produced):
         ids, mask = trajectory.completion_ids, trajectory.env_mask
@@ -55,10 +56,10 @@ def test_budget_and_context_limits_stop_an_episode(smol_tokenizer):
     recipe = Recipe()
     rollout = recipe.rollout.model_copy(update={"max_calls_per_turn": 5, "max_model_calls": 3})
     generator = ScriptedGenerator(smol_tokenizer, [["<tool_call>{\"name\": \"ls\", \"arguments\": {}}</tool_call>"] * 3])
-    (trajectory,) = rollout_group(task, 1, generator, rollout, recipe.interface)
+    (trajectory,) = rollout_group(task, 1, generator, rollout, TrainingInterface(schema_cues=True))
     assert trajectory.stop_reason == "call_budget" and trajectory.num_model_calls == 3
 
     rollout = recipe.rollout.model_copy(update={"max_context_tokens": 300})
     generator = ScriptedGenerator(smol_tokenizer, [["hello"]])
-    (trajectory,) = rollout_group(task, 1, generator, rollout, recipe.interface.model_copy(update={"schema_cues": False}))
+    (trajectory,) = rollout_group(task, 1, generator, rollout, TrainingInterface())
     assert trajectory.stop_reason == "context"

@@ -40,6 +40,10 @@ def test_invalid_recipe_names_field_reason_and_fix(tmp_path):
     assert "grpo.stepz" in result.output and "remove it or check its spelling" in result.output
     assert "policy.dtype" in result.output and "'float16'" in result.output
 
+    bad.write_text("diagnoser:\n  mode: url\n")
+    result = CliRunner().invoke(main, ["recipe", str(bad)])
+    assert result.exit_code == 2 and "diagnoser.url = None: diagnoser.mode url needs the server's base URL" in result.output
+
     bad.write_text("grpo: [1, 2\n")
     result = CliRunner().invoke(main, ["run", str(bad)])
     assert result.exit_code == 2 and "not valid YAML" in result.output

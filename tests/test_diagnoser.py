@@ -1,5 +1,6 @@
 """The llama.cpp diagnoser with a real pip-shipped GGUF (SmolLM2-135M), in-process and served."""
 
+import json
 import os
 import signal
 import subprocess
@@ -8,8 +9,10 @@ import textwrap
 import time
 
 import pytest
+from click.testing import CliRunner
 from conftest import ScriptedGenerator, tool_call_text
 
+from seal_lite.cli import main
 from seal_lite.diagnosis.diagnoser import Diagnoser, failed_turns, resolve_gguf
 from seal_lite.diagnosis.verifier import diagnose_episode
 from seal_lite.envs.bfcl import load_tasks, replay_calls
@@ -52,6 +55,10 @@ def test_in_process_diagnoses_real_failures_and_caches_them_in_the_store(tmp_pat
         assert any(row["status"] == "ok" and row["explanation"] for row in rows)
         linked = {turn["diagnosis_key"] for turn in store.turns("s1-multi_turn_base_0-g0")}
         assert linked == {row["key"] for row in rows}
+
+        shown = CliRunner().invoke(main, ["diagnose", str(tmp_path), "--trajectory", "s1-multi_turn_base_0-g0", "--json"])
+        explained = [json.loads(line)["diagnosis"] for line in shown.output.splitlines()]
+        assert {row["key"] for row in explained} == linked and all(row["model"] for row in explained)
 
         step.generator = ScriptedGenerator(smol_tokenizer, [wrong, wrong])
         step([task.id, task.id])  # the same failures again: all from the store

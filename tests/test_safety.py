@@ -7,6 +7,7 @@ from conftest import ScriptedGenerator
 from seal_lite.agent import rollout_group
 from seal_lite.diagnosis.labels import SUCCESS_LABELS, label_turn
 from seal_lite.envs.bfcl import load_tasks, official_verdict, turn_evidence
+from seal_lite.interface import TrainingInterface
 from seal_lite.recipe import Recipe
 
 
@@ -32,7 +33,7 @@ def test_injection_through_the_episode_path_runs_nothing(tmp_path, smol_tokenize
     rollout = recipe.rollout.model_copy(update={"max_calls_per_turn": 1, "max_model_calls": 1})
     for text in messages:
         generator = ScriptedGenerator(smol_tokenizer, [[text]])
-        (trajectory,) = rollout_group(task, 1, generator, rollout, recipe.interface)
+        (trajectory,) = rollout_group(task, 1, generator, rollout, TrainingInterface(schema_cues=True))
         verdict = official_verdict(task, trajectory.steps_per_turn())
         (label, cause), = [label_turn(e) for e in turn_evidence(task, trajectory.turns)]
         assert not marker.exists(), text
