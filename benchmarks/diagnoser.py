@@ -7,8 +7,9 @@
    rate, agreement of its label with the rule label, hint redactions.
 3. 20 sample explanations go to docs/diagnoser_samples.md.
 4. With --run RUN_DIR: the diagnoser's share of each step of that run (its seconds over the step's wall time).
+With --blind the prompt withholds the rule label: agreement then measures what the model infers on its own.
 
-    .venv/bin/python benchmarks/diagnoser.py [--tasks 12] [--limit 40] [--run runs/quickstart]
+    .venv/bin/python benchmarks/diagnoser.py [--tasks 12] [--limit 40] [--run runs/quickstart] [--blind]
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import argparse
 import json
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from seal_lite.agent import rollout_group
@@ -68,9 +69,11 @@ def as_turn(item: dict) -> FailedTurn:
     return FailedTurn(**fields | {"evidence": tuple(fields["evidence"]), "hidden_values": tuple(fields["hidden_values"])})
 
 
-def measure(model: str, items: list[dict], threads: int) -> tuple[dict, list]:
+def measure(model: str, items: list[dict], threads: int, blind: bool) -> tuple[dict, list]:
     config = DiagnoserConfig(mode="in_process", model=model, n_threads=threads, max_per_step=len(items))
     turns = [as_turn(item) for item in items]
+    if blind:  # the prompt normally names the rule label, which a model can copy; here it has only the evidence
+        turns = [replace(turn, rule_label="(withheld)", rule_cause=None) for turn in turns]
     with Diagnoser(config, resolve_gguf(model)) as diagnoser:
         started = time.monotonic()
         answers, report = diagnoser.explain(turns)
@@ -117,6 +120,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=40, help="corpus turns each diagnoser answers")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--run", type=Path, help="a run directory whose steps to measure the diagnoser's share of")
+    parser.add_argument("--blind", action="store_true", help="withhold the rule label from the prompt, so agreement "
+                        "measures what the model infers from the evidence alone (no samples are written)")
     args = parser.parse_args()
 
     if CORPUS.exists():
@@ -134,12 +139,13 @@ def main() -> None:
     samples = []
     print(f"\n{'diagnoser':20s} {'turns':>5s} {'diag/s':>7s} {'valid':>6s} {'agrees':>7s} {'redacted':>8s}")
     for model in MODELS:
-        figures, valid = measure(model, items, args.threads)
+        figures, valid = measure(model, items, args.threads, args.blind)
         print(f"{model:20s} {figures['turns']:5d} {figures['per_s']:7.2f} {figures['valid']:6d} "
               f"{figures['agree'] / max(1, figures['valid']):7.0%} {figures['redactions']:8d}")
         samples += [(model, item, answer) for item, answer in valid[:10]]
-    write_samples(samples[:20])
-    print(f"\n{len(samples[:20])} sample explanations written to {SAMPLES.relative_to(ROOT)}")
+    if not args.blind:
+        write_samples(samples[:20])
+        print(f"\n{len(samples[:20])} sample explanations written to {SAMPLES.relative_to(ROOT)}")
 
     if args.run:
         print(f"\ndiagnoser share of each step of {args.run}:")

@@ -23,6 +23,7 @@ def main():
       seal-lite recipe --fields              every recipe field with its default and meaning
       seal-lite diagnose runs/quickstart     what went wrong, turn by turn
       seal-lite verify --input calls.jsonl   score any system's BFCL multi-turn calls
+      seal-lite interface show runs/quickstart  the training interface, version by version
     """
 
 
@@ -216,6 +217,78 @@ def diagnose(run_dir, trajectory_id, step, failed, as_json):
         return
     print_trajectories(rows, labels)
     click.echo(f"Details: seal-lite diagnose {run_dir} --trajectory ID")
+
+
+@main.group()
+def interface():
+    """The training interface of a run, version by version (it never reaches evaluation).
+
+    \b
+    Examples:
+      seal-lite interface show runs/quickstart
+      seal-lite interface show runs/quickstart --version 2 --json
+      seal-lite interface diff runs/quickstart 1 2
+    """
+
+
+def _versions(run_dir: str) -> dict[int, dict]:
+    return {row["version"]: row for row in _open_run(run_dir).interface_versions()}
+
+
+def _version(versions: dict[int, dict], number: int, run_dir: str) -> dict:
+    if number not in versions:
+        raise click.ClickException(f"{run_dir} has interface versions {sorted(versions)}, not {number}")
+    return versions[number]
+
+
+@interface.command("show")
+@click.argument("run_dir", metavar="RUN", type=click.Path(exists=True))
+@click.option("--version", "number", type=int, help="The version to show (default: the latest).")
+@click.option("--json", "as_json", is_flag=True, help="Print the stored version row(s) as JSON.")
+def interface_show(run_dir, number, as_json):
+    """The timeline of interface versions, then one version's components in full.
+
+    \b
+    Examples:
+      seal-lite interface show runs/quickstart
+      seal-lite interface show runs/quickstart --version 1 --json
+    """
+    import json
+
+    from seal_lite.interface import describe_version
+
+    versions = _versions(run_dir)
+    if not versions:
+        raise click.ClickException(f"{run_dir} holds no interface version yet")
+    chosen = _version(versions, number if number is not None else max(versions), run_dir)
+    if as_json:
+        click.echo(json.dumps(chosen if number is not None else list(versions.values()), indent=2))
+        return
+    for row in versions.values():
+        click.echo(f"v{row['version']}  step {row['step']}  parent {row['parent'] or '-'}  {row['reason']}")
+    click.echo(f"\nversion {chosen['version']}:\n{describe_version(chosen)}")
+
+
+@interface.command("diff")
+@click.argument("run_dir", metavar="RUN", type=click.Path(exists=True))
+@click.argument("a", type=int)
+@click.argument("b", type=int)
+def interface_diff(run_dir, a, b):
+    """A unified diff of interface versions A and B.
+
+    \b
+    Example:
+      seal-lite interface diff runs/quickstart 1 2
+    """
+    import difflib
+
+    from seal_lite.interface import describe_version
+
+    versions = _versions(run_dir)
+    first, second = _version(versions, a, run_dir), _version(versions, b, run_dir)
+    diff = difflib.unified_diff(describe_version(first).splitlines(), describe_version(second).splitlines(),
+                                f"version {a}", f"version {b}", lineterm="")
+    click.echo("\n".join(diff) or f"versions {a} and {b} are the same")
 
 
 if __name__ == "__main__":

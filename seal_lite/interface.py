@@ -134,12 +134,11 @@ def observation(results: list[tuple[str, str, str]], interface: TrainingInterfac
 PARSE_HINT = ("Write each call as <tool_call>{{\"name\": \"tool_name\", \"arguments\": {{...}}}}</tool_call>. "
               "Available tools: {tools}. If no tool fits, answer in plain text.")
 _ERROR_HINTS = [  # (pattern in the error text, hint): the first match wins
-    (r"missing \d+ required positional argument: '?(\w+)", "Supply the required argument '{0}'."),
+    (r"missing (?:a|\d+) required (?:positional )?argument: '?(\w+)", "Supply the required argument '{0}'."),
     (r"unexpected keyword argument '?(\w+)", "Drop the argument '{0}': this tool does not take it."),
     (r"no such file|not found|does not exist", "Inspect first (for example list what is there) to find the exact name."),
     (r"invalid character|'[^']*/[^']*'", "Go one step at a time: a name or path with several components is not accepted."),
     (r"not authenticated|log ?in|authenticate", "Log in first with the authentication tool, then try again."),
-    (r"unknown tool", "Use only the listed tools: {tools}."),
     (r"type|must be|invalid literal|not supported between|expected", "Re-check the argument types against the schema."),
 ]
 
@@ -149,6 +148,8 @@ def recovery_feedback(status: str, result: str, visible: list[str]) -> str:
     tools = ", ".join(sorted(visible))
     if status == "parse_error":
         return PARSE_HINT.format(tools=tools)
+    if status == "unknown_tool":
+        return f"Use only the listed tools: {tools}."
     for pattern, hint in _ERROR_HINTS:
         match = re.search(pattern, result, re.IGNORECASE)
         if match:
@@ -173,7 +174,7 @@ def capability_guidelines(counts: dict[str, int], mean_rewards: dict[str, float]
     """phi_cap: the labels with count >= 8, at least 10% of failure labels and mean reward < 0.6, ranked by
     prevalence * (1 - mean reward), at most 3 lines. A line leaves once its label stops qualifying (its reward
     recovered). ``hints`` replaces a label's template with another text (the local diagnoser's hint)."""
-    failures = {label: n for label, n in counts.items() if label in GUIDELINES}
+    failures = {label: n for label, n in counts.items() if label in GUIDELINES and n > 0}
     total = sum(failures.values())
     ranked = []
     for label, n in failures.items():
@@ -182,3 +183,17 @@ def capability_guidelines(counts: dict[str, int], mean_rewards: dict[str, float]
             ranked.append((prevalence * (1 - reward), label))
     chosen = [label for _, label in sorted(ranked, key=lambda item: (-item[0], item[1]))[:MAX_LINES]]
     return tuple((hints or {}).get(label) or GUIDELINES[label] for label in chosen)
+
+
+def describe_version(row: dict) -> str:
+    """A stored interface version as text, one component per line (what ``seal-lite interface`` shows and diffs)."""
+    components = row["components"]
+    lines = [f"phi_schema (schema cues): {'on' if components.get('schema_cues') else 'off'}"]
+    if row.get("system_prompt_cues"):
+        lines.append(f"  rule line: {row['system_prompt_cues']}")
+    lines.append(f"phi_err (recovery feedback): {'on' if components.get('recovery_feedback') else 'off'}")
+    lines.append(f"phi_cap (capability guidelines): {'on' if components.get('capability_hints') else 'off'}"
+                 f", texts from {components.get('hints', 'template')}")
+    lines += [f"  - {line}" for line in row.get("guidelines") or []] or ["  (no guideline)"]
+    lines.append(f"tool format: {components.get('tool_format')}")
+    return "\n".join(lines)

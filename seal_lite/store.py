@@ -160,6 +160,10 @@ class Store:
             labels.setdefault(row["trajectory_id"], []).append(row["label"])
         return labels
 
+    def interface_versions(self) -> list[dict]:
+        rows = self.db["interface_versions"].rows_where(order_by="version")
+        return [_decode(row, "components", "guidelines", "statistics") for row in rows]
+
     def metrics(self, name: str) -> list[tuple[int, float]]:
         rows = self.db["metrics"].rows_where("name = ?", [name], order_by="step")
         return [(row["step"], row["value"]) for row in rows]
