@@ -112,7 +112,7 @@ class SealStep:
         self.interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
         self.version = 1
         self.diagnoser_hints: dict[str, str] = {}  # failure label -> latest hint of the local diagnoser
-        self.store.save_interface_version(self._version_row(None, "initial training interface", {}))
+        self.store.save_interface_version(self._version_row(self.interface, self.version, None))
 
     def __call__(self, prompts: list[str]) -> RolloutBatch:
         started = time.time()
@@ -146,7 +146,7 @@ class SealStep:
         # 6. Update the failure statistics C_t.
         for trajectory_labels, reward in zip(labels, rewards):
             self.statistics.add(trajectory_labels, reward)
-        # 10 (done before weighting, §5). Closed-loop update of the label utilities rho.
+        # 10, first half (before weighting, §5): closed-loop update of the label utilities rho.
         if self.recipe.grpo.closed_loop:
             self.utilities = update_utilities(
                 self.utilities, self.statistics.window_counts, self.statistics.window_mean_reward()
@@ -159,9 +159,12 @@ class SealStep:
             weights = [1.0] * len(rewards)
         final = weighted_advantages(advantages, weights, self.recipe.grpo.apply_to)
 
-        metrics = self._record(trajectories, diagnoses, explained, report, labels, advantages, weights, final, started)
-        # 10. Evolve the training interface from C_t for the next step.
-        self._evolve_interface(explained, diagnoses)
+        # 10, second half: evolve the training interface from C_t for the next step (stored with this step).
+        new_version = self._evolve_interface(explained, diagnoses)
+        metrics = self._record(trajectories, diagnoses, explained, report, labels, advantages, weights, final, started,
+                               new_version)
+        if new_version:
+            self.interface, self.version = new_version
         self.progress.step_finished(self.step, metrics)
         return RolloutBatch(
             prompt_ids=[t.prompt_ids for t in trajectories],
@@ -171,35 +174,35 @@ class SealStep:
             advantages=final,
         )
 
-    def _evolve_interface(self, explained, diagnoses) -> None:
+    def _evolve_interface(self, explained, diagnoses) -> tuple[TrainingInterface, int] | None:
+        """phi_cap's lines for the next step; a new (interface, version) when they change, else None."""
         for diagnosis, answers in zip(diagnoses, explained):
             for index, answer in answers.items():
                 if answer.status == "ok":
                     self.diagnoser_hints[diagnosis.labels[index]] = answer.recovery_hint
         if not self.recipe.interface.capability_hints:
-            return
-        counts, rewards = self.statistics.window_counts, self.statistics.window_mean_reward()
+            return None
         hints = self.diagnoser_hints if self.recipe.interface.hints == "llm" else None
-        guidelines = capability_guidelines(counts, rewards, hints)
+        guidelines = capability_guidelines(self.statistics.window_counts, self.statistics.window_mean_reward(), hints)
         if guidelines == self.interface.guidelines:
-            return
-        added = [line for line in guidelines if line not in self.interface.guidelines]
-        removed = [line for line in self.interface.guidelines if line not in guidelines]
-        reason = "; ".join([f"guideline added: {line}" for line in added] + [f"guideline removed: {line}" for line in removed])
-        parent, self.version = self.version, self.version + 1
-        self.interface = dataclasses.replace(self.interface, guidelines=guidelines)
-        statistics = {"counts": dict(counts), "mean_rewards": rewards}
-        self.store.save_interface_version(self._version_row(parent, reason, statistics))
+            return None
+        return dataclasses.replace(self.interface, guidelines=guidelines), self.version + 1
 
-    def _version_row(self, parent: int | None, reason: str, statistics: dict) -> dict:
+    def _version_row(self, interface: TrainingInterface, version: int, parent: int | None) -> dict:
         config = self.recipe.interface
+        added = [line for line in interface.guidelines if line not in self.interface.guidelines]
+        removed = [line for line in self.interface.guidelines if line not in interface.guidelines]
+        reason = "; ".join([f"guideline added: {line}" for line in added] +
+                           [f"guideline removed: {line}" for line in removed]) or "initial training interface"
+        statistics = {"counts": dict(self.statistics.window_counts),
+                      "mean_rewards": self.statistics.window_mean_reward()} if parent else {}
         return {
-            "version": self.version, "parent": parent, "step": self.step, "reason": reason,
+            "version": version, "parent": parent, "step": self.step, "reason": reason,
             "components": {"schema_cues": config.schema_cues, "recovery_feedback": config.recovery_feedback,
                            "capability_hints": config.capability_hints, "hints": config.hints,
                            "tool_format": config.tool_format},
             "system_prompt_cues": SCHEMA_CUE_LINE if config.schema_cues else "",
-            "guidelines": list(self.interface.guidelines),
+            "guidelines": list(interface.guidelines),
             "statistics": statistics,
         }
 
@@ -226,7 +229,8 @@ class SealStep:
                     labels[index] = answer.label
         return labels
 
-    def _record(self, trajectories, diagnoses, explained, report, labels, advantages, weights, final, started) -> dict:
+    def _record(self, trajectories, diagnoses, explained, report, labels, advantages, weights, final, started,
+                new_version) -> dict:
         rewards = [1.0 if d.valid else 0.0 for d in diagnoses]
         turn_rows = [row for trajectory, diagnosis, answers in zip(trajectories, diagnoses, explained)
                      for row in _turn_rows(self.step, self.tasks[trajectory.task_id], trajectory, diagnosis, answers)]
@@ -281,7 +285,9 @@ class SealStep:
                      for index, answer in answers.items() if answer.status == "ok"]
             if pairs:  # how often the model's label agrees with the rule label
                 metrics["diagnoser/label_agreement"] = sum(model == rule for model, rule in pairs) / len(pairs)
-        self.store.save_step(step_row, rows, turn_rows, metrics, [answer.row() for answer in report.new] if report else [])
+        version_row = self._version_row(*new_version, self.version) if new_version else None
+        self.store.save_step(step_row, rows, turn_rows, metrics, [answer.row() for answer in report.new] if report else [],
+                             version_row)
         return metrics
 
 

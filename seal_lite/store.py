@@ -102,13 +102,15 @@ class Store:
             self.db["interface_versions"].upsert(_encode(version), pk="version", alter=True)
 
     def save_step(self, step: dict, trajectories: list[dict], turns: list[dict], metrics: dict[str, float],
-                  diagnoses: list[dict] = ()) -> None:
-        """Write one step's rows in a single transaction."""
+                  diagnoses: list[dict] = (), interface_version: dict | None = None) -> None:
+        """Write one step's rows, and the interface version it produced, in a single transaction."""
         with self.db.atomic():
             self.db["steps"].upsert(step, pk="step")
             self.db["trajectories"].upsert_all([_encode(t) for t in trajectories], pk="id")
             self.db["turns"].upsert_all([_encode(t) for t in turns], pk=("trajectory_id", "turn_index"), alter=True)
             self.db["diagnoses"].upsert_all(list(diagnoses), pk="key")
+            if interface_version:
+                self.save_interface_version(interface_version)
             self._upsert_metrics(step["step"], metrics)
 
     def save_metrics(self, step: int, metrics: dict[str, float]) -> None:
