@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -41,7 +39,6 @@ class RichProgress:
         return self.bars.__exit__(*exc)
 
     def step_started(self, step: int, num_tasks: int) -> None:
-        self.started = time.time()
         self.bar = self.bars.add_task(f"step {step}/{self.total_steps} rollouts", total=num_tasks, status="")
 
     def task_done(self, task_id: str, rewards: list[float]) -> None:
@@ -52,7 +49,10 @@ class RichProgress:
                     if k.startswith("labels/") and k.endswith("_rate") and k[7:-5] not in SUCCESS_LABELS}
         top = max(failures, key=failures.get) if failures else "none"
         status = (f"reward {metrics['reward/mean']:.2f}  weights {metrics['grpo/weight_min']:.2f}-"
-                  f"{metrics['grpo/weight_max']:.2f}  top failure {top}  rollouts {time.time() - self.started:.0f} s")
+                  f"{metrics['grpo/weight_max']:.2f}  top failure {top}  interface v{metrics['interface/version']:.0f}"
+                  f"  rollouts {metrics['time/rollout_s'] - metrics.get('diagnoser/seconds', 0):.0f} s")
+        if "diagnoser/seconds" in metrics:
+            status += f"  diagnoser {metrics['diagnoser/seconds']:.0f} s ({metrics['diagnoser/asked']:.0f} asked)"
         self.bars.update(self.bar, description=f"step {step}/{self.total_steps} done    ", status=status)
         if not console.is_terminal:  # logs and notebooks get one line per step instead of a live bar
             console.print(f"step {step}/{self.total_steps}: {status}; policy update follows")
