@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -97,6 +97,11 @@ class DiagnoserConfig(_Section):
     max_tokens: int = Field(256, ge=32, description="Token budget of one diagnosis (two 200-character texts fit).")
     n_ctx: int = Field(4096, ge=512, description="Context size of the diagnoser model.")
     n_threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp (default: all cores).")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, value):
+        return "off" if value is False else value  # YAML reads a bare `off` as false
 
 
 class GRPOConfig(_Section):

@@ -44,6 +44,10 @@ def test_invalid_recipe_names_field_reason_and_fix(tmp_path):
     result = CliRunner().invoke(main, ["recipe", str(bad)])
     assert result.exit_code == 2 and "diagnoser.url = None: diagnoser.mode url needs the server's base URL" in result.output
 
+    assert load_recipe(None, {"diagnoser.mode": False}).diagnoser.mode == "off"  # `--set diagnoser.mode=off`
+    bad.write_text("diagnoser:\n  mode: off\n")
+    assert load_recipe(bad).diagnoser.mode == "off"  # YAML reads a bare off as false
+
     bad.write_text("grpo: [1, 2\n")
     result = CliRunner().invoke(main, ["run", str(bad)])
     assert result.exit_code == 2 and "not valid YAML" in result.output
