@@ -100,13 +100,13 @@ def step_shares(run_dir: Path) -> list[tuple[int, float, float]]:
 
 
 def write_samples(samples: list[tuple[str, dict, object]]) -> None:
-    lines = ["# Sample explanations of the local diagnoser", "",
-             "Written by `benchmarks/diagnoser.py` from real failed turns (rollouts of the pip models); "
-             "the rule label comes from executable evidence, the rest from the diagnoser model.", ""]
+    intro = ("Written by `benchmarks/diagnoser.py` from real failed turns (rollouts of the pip models); "
+             "the rule label comes from executable evidence, the rest from the diagnoser model.")
+    lines = ["# Sample explanations of the local diagnoser", "", intro, ""]
     for number, (model, item, answer) in enumerate(samples, start=1):
         calls = "; ".join(call for call, _, _ in item["calls"]) or "(no call)"
-        lines += [f"## {number}. {item['task_id']} turn {item['turn_index']} (policy {item['policy']}, "
-                  f"diagnoser {model})", "",
+        title = f"## {number}. {item['task_id']} turn {item['turn_index']} (policy {item['policy']}, diagnoser {model})"
+        lines += [title, "",
                   f"- request: {item['user_text'][:200]}", f"- calls: {calls[:300]}",
                   f"- rule: `{item['rule_label']}` / `{item['rule_cause']}`",
                   f"- model: `{answer.label}` / `{answer.cause}`, culprit call {answer.culprit_call_index}",

@@ -1,9 +1,9 @@
 """llama.cpp behind one adapter: the diagnoser model in-process, or as llama-cpp-python's OpenAI-compatible server.
 
 * ``InProcessModel`` loads a GGUF with ``llama_cpp.Llama`` and answers chat requests under a JSON schema.
-* ``LocalServer`` starts ``python -m llama_cpp.server`` on 127.0.0.1 at a free port as a child process, waits
-  until it answers, and stops it on exit, on error and on Ctrl-C. On Linux the child also gets a signal when
-  seal-lite dies for any reason (even ``kill -9``), so no server outlives its run.
+* ``LocalServer`` starts llama-cpp-python's server (``python -m llama_cpp.server``) on 127.0.0.1 at a free port
+  as a child process, waits until it answers, and stops it on exit, on error and on Ctrl-C. On Linux the child
+  also gets a signal when seal-lite dies for any reason (even ``kill -9``), so no server outlives its run.
 * ``ServerModel`` talks to such a server, or to any URL the user gives, over HTTP (standard library only).
 * ``LlamaCppGenerator`` plays rollouts from a GGUF (the ``Generator`` of seal_lite/agent.py): the benchmarks use
   it to collect real failed turns from the pip models several times faster than transformers on a CPU.
@@ -14,10 +14,8 @@ is the diagnoser's business (seal_lite/diagnosis/diagnoser.py).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -129,11 +127,11 @@ class LocalServer:
 
     def start(self) -> LocalServer:
         self.port = _free_port()
-        command = [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path, "--host", "127.0.0.1",
-                   "--port", str(self.port), "--n_ctx", str(self.n_ctx), "--n_threads", str(self.n_threads)]
+        command = [sys.executable, "-c", _SERVER_BOOTSTRAP, str(os.getpid()), "--model", self.model_path,
+                   "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
+                   "--n_threads", str(self.n_threads)]
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            preexec_fn=_die_with_parent)
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -180,13 +178,21 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to send SIGTERM when the parent dies (PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-        except OSError:
-            pass
+# The server's first act: on Linux, ask for SIGTERM when its parent (seal-lite) dies for any reason, even kill -9
+# (PR_SET_PDEATHSIG), and exit at once if that parent is already gone; then run llama-cpp-python's server.
+_SERVER_BOOTSTRAP = """
+import ctypes, os, runpy, signal, sys
+parent = int(sys.argv.pop(1))
+if sys.platform.startswith("linux"):
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+if os.getppid() != parent:
+    sys.exit(0)
+sys.argv[0] = "llama_cpp.server"
+runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+"""
 
 
 def _tail(path: Path, lines: int = 15) -> str:

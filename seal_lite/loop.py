@@ -45,7 +45,6 @@ from seal_lite.training.advantages import (
 from seal_lite.training.grpo import RolloutBatch
 
 
-
 class Progress(Protocol):
     def step_started(self, step: int, num_tasks: int) -> None: ...
     def task_done(self, task_id: str, rewards: list[float]) -> None: ...

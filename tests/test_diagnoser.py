@@ -113,7 +113,6 @@ def test_a_dying_server_is_restarted_once_then_the_step_falls_back_to_rules():
         if len(lookups) in (1, 2):
             diagnoser.server.process.send_signal(signal.SIGKILL)
             diagnoser.server.process.wait()
-        return None
 
     with Diagnoser(config(mode="server"), SMOL, lookup=crash_on_second_failure) as diagnoser:
         answers, report = diagnoser.explain(turns[:3])

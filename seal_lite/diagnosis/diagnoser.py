@@ -27,10 +27,10 @@ from seal_lite.diagnosis.explainer import (
     schema_for,
 )
 from seal_lite.diagnosis.labels import EXCLUDED_LABELS, SUCCESS_LABELS
-from seal_lite.llamacpp import BackendError, InProcessModel, LocalServer, ServerModel
 from seal_lite.diagnosis.verifier import EpisodeDiagnosis
 from seal_lite.envs.bfcl import Task, TurnRecord
 from seal_lite.interface import render_tools
+from seal_lite.llamacpp import BackendError, InProcessModel, LocalServer, ServerModel
 from seal_lite.recipe import DiagnoserConfig
 
 log = logging.getLogger("seal_lite.diagnoser")

@@ -20,7 +20,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from seal_lite.diagnosis.labels import CAUSES, EXCLUDED_LABELS, SUCCESS_LABELS, BASE_UTILITY
+from seal_lite.diagnosis.labels import BASE_UTILITY, CAUSES, EXCLUDED_LABELS, SUCCESS_LABELS
 
 PROMPT_VERSION = 1  # part of the cache key: a new prompt must not reuse old answers
 MAX_TEXT_CHARS = 200
