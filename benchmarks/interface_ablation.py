@@ -5,7 +5,7 @@ phi_cap on, once with all three off; everything else equal (seed, tasks, G, step
 arms cost the same). Prints, for each step, the mean reward and the rate of each failure label
 (labels/<label>_rate, stored by the loop), and the interface versions each arm went through.
 
-    .venv/bin/python benchmarks/interface_ablation.py [--steps 3] [--out runs/ablation]
+    .venv/bin/python benchmarks/interface_ablation.py [--steps 3] [--out runs/ablation] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ ARMS = {
 }
 
 
-def run_arm(name: str, settings: list[str], steps: int, out: Path) -> None:
+def run_arm(name: str, settings: list[str], steps: int, out: Path, extra: list[str]) -> None:
     command = [sys.executable, "-m", "seal_lite", "run", "--out", str(out), "--overwrite",
                "--set", f"grpo.steps={steps}", "--set", "diagnoser.mode=off"]
-    for setting in settings:
+    for setting in settings + extra:
         command += ["--set", setting]
     print(f"running {name}: {' '.join(command[2:])}", flush=True)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -55,11 +55,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("runs/ablation"))
     parser.add_argument("--reuse", action="store_true", help="summarise existing runs in --out without running")
+    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                        help="more recipe overrides for both arms, e.g. --set policy.model=qwen2.5-coder-0.5b")
     args = parser.parse_args()
     for name, settings in ARMS.items():
         out = args.out / name.replace(" ", "-")
         if not args.reuse:
-            run_arm(name, settings, args.steps, out)
+            run_arm(name, settings, args.steps, out, args.extra)
         summarise(name, out)
 
 
