@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 
 from seal_lite.diagnosis.labels import BASE_UTILITY, CAUSES, EXCLUDED_LABELS, SUCCESS_LABELS
+from seal_lite.envs.calls import parse_calls
 
 PROMPT_VERSION = 1  # part of the cache key: a new prompt must not reuse old answers
 MAX_TEXT_CHARS = 200
@@ -146,8 +147,6 @@ def redact_unseen_values(text: str, values: tuple[str, ...], seen: str) -> tuple
 
 def argument_values(calls: list[str]) -> tuple[str, ...]:
     """The literal argument values of BFCL call strings, as text (lists and dicts flattened)."""
-    from seal_lite.envs.calls import parse_calls
-
     values: list[str] = []
 
     def collect(value):
