@@ -28,6 +28,7 @@ class RichProgress:
         self.bars = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[status]}"), console=console,
+            disable=not console.is_terminal,  # logs and notebooks get the one-line-per-step text instead
         )
         self.bar = None
 
