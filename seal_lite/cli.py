@@ -144,10 +144,19 @@ def verify(input_file, output_file, workers):
     import json
     from collections import Counter
 
+    from rich.console import Console
+    from rich.progress import track
+
     from seal_lite.diagnosis.verifier import verify_lines
 
+    lines = input_file.readlines()
+    records = verify_lines(lines, workers=workers)
+    stderr = Console(stderr=True)
+    if stderr.is_terminal:  # a bar for long files; pipes and logs get only the summary
+        records = track(records, total=sum(1 for line in lines if line.strip()), description="verifying",
+                        console=stderr, transient=True)
     counts, labels, irrelevance = Counter(), Counter(), []
-    for record in verify_lines(input_file, workers=workers):
+    for record in records:
         output_file.write(json.dumps(record) + "\n")
         output_file.flush()
         counts["error" if record["error"] else "valid" if record["valid"] else "invalid"] += 1
