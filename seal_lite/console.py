@@ -94,12 +94,11 @@ def print_turns(trajectory: dict, turns: list[dict]) -> None:
     for column in columns + (["diagnoser: explanation / hint"] if explained else []):
         table.add_column(column, overflow="fold")
     for turn in turns:
-        statuses = turn["evidence"].get("statuses", [])
+        evidence = turn["evidence"]
         calls = "\n".join(
             f"{call} [{status}] -> {_short(result)}"
-            for call, result, status in zip(turn["model_calls"], turn["results"], statuses)
+            for call, result, status in zip(turn["model_calls"], turn["results"], evidence.get("statuses", []))
         ) or "(no call)"
-        evidence = turn["evidence"]
         details = evidence.get("differences", []) + [
             f"{name}: {evidence[name]}" for name in ("gt_error", "checker_error") if evidence.get(name)
         ]

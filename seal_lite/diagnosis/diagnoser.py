@@ -113,8 +113,8 @@ class Diagnoser:
         started = time.monotonic()
         answers: dict[str, Explanation | None] = {}
         restarts_left, gave_up = 1, False
-        for turn in turns:
-            key = turn.key(self.model_id)
+        keys = [turn.key(self.model_id) for turn in turns]
+        for key, turn in zip(keys, turns):
             if key in answers:
                 continue
             report.unique += 1
@@ -144,7 +144,7 @@ class Diagnoser:
             answers[key] = answer
             report.new.append(answer)
         report.seconds = time.monotonic() - started
-        return [answers[turn.key(self.model_id)] for turn in turns], report
+        return [answers[key] for key in keys], report
 
     def _ask(self, key: str, turn: FailedTurn, report: StepReport) -> Explanation:
         report.asked += 1

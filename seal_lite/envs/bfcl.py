@@ -234,7 +234,7 @@ def official_verdict(task: Task, steps_per_turn: list[list[list[str]]]) -> dict:
     Every check uses a fresh, unique model name so no state is shared through bfcl-eval's module-level
     instance cache, and that cache is emptied afterwards.
     """
-    steps_per_turn = list(steps_per_turn) + [[]] * (len(task.ground_truth) - len(steps_per_turn))
+    steps_per_turn = _every_turn(task, steps_per_turn)
     entry = {"id": task.id, "initial_config": task.initial_config, "involved_classes": task.involved_classes}
     model_name = f"seal_lite_{uuid.uuid4().hex}"
     try:
@@ -248,8 +248,13 @@ def official_verdict(task: Task, steps_per_turn: list[list[list[str]]]) -> dict:
 def official_irrelevance(task: Task, steps_per_turn: list[list[list[str]]]) -> bool:
     """bfcl-eval's irrelevance check: no call in turns whose ground truth is empty. The official multi-turn
     runner skips it, so it never changes the verdict; seal-lite reports it as a separate metric."""
-    steps_per_turn = list(steps_per_turn) + [[]] * (len(task.ground_truth) - len(steps_per_turn))
+    steps_per_turn = _every_turn(task, steps_per_turn)
     return checker.multi_turn_irrelevance_checker(steps_per_turn, task.ground_truth)["valid"]
+
+
+def _every_turn(task: Task, steps_per_turn: list[list[list[str]]]) -> list[list[list[str]]]:
+    """Steps for every ground-truth turn: turns the episode never reached count as empty."""
+    return list(steps_per_turn) + [[]] * (len(task.ground_truth) - len(steps_per_turn))
 
 
 def _forget_instances(model_name: str) -> None:
