@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -48,9 +49,11 @@ def _load(recipe_path, overrides):
 
 
 def _free_out_dir(base: Path) -> Path:
-    """runs/NAME, or runs/NAME-2, -3, ... when an earlier run already lives there."""
+    """runs/NAME, or runs/NAME-2, -3, ...: the first that holds no finished run (an unfinished one resumes)."""
+    from seal_lite.loop import run_status
+
     candidate, n = base, 1
-    while (candidate / "seal.db").exists():
+    while run_status(candidate) == "finished":
         n += 1
         candidate = base.with_name(f"{base.name}-{n}")
     return candidate
@@ -59,15 +62,17 @@ def _free_out_dir(base: Path) -> Path:
 @main.command()
 @click.argument("recipe", required=False, type=click.Path(dir_okay=False))
 @click.option("--out", "out", type=click.Path(file_okay=False), help="Run directory (default runs/<name>, "
-              "or runs/<name>-2, ... if taken).")
+              "or runs/<name>-2, ... if a finished run is there). An unfinished run there resumes.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe field, e.g. --set grpo.steps=1 (repeatable).")
-@click.option("--overwrite", is_flag=True, help="Replace a run that already exists in --out.")
+@click.option("--overwrite", is_flag=True, help="Start afresh, deleting the run that already exists in --out.")
 def run(recipe, out, overrides, overwrite):
     """Run the SEAL loop: roll out on BFCL, verify, diagnose, weight, and update a LoRA policy.
 
     RECIPE is a YAML file; without it the embedded CPU quickstart runs. Everything the run does is written
-    to RUN_DIR/seal.db (SQLite; tables documented in docs/store.md).
+    to RUN_DIR/seal.db (SQLite; tables documented in docs/store.md), with a checkpoint per step in
+    RUN_DIR/checkpoints. Run the same command again after a crash or Ctrl-C: an unfinished run in RUN_DIR
+    resumes from its last completed step.
 
     \b
     Examples:
@@ -75,22 +80,28 @@ def run(recipe, out, overrides, overwrite):
       seal-lite run recipes/quickstart.yaml --set grpo.steps=1 --out runs/try
     """
     config = _load(recipe, overrides)
-    if out:
-        out_dir = Path(out)
-        if (out_dir / "seal.db").exists():
-            if not overwrite:
-                raise click.ClickException(f"{out_dir} already holds a run; choose another --out or pass --overwrite")
-            for suffix in ("", "-wal", "-shm"):
-                (out_dir / f"seal.db{suffix}").unlink(missing_ok=True)
-    else:
-        out_dir = _free_out_dir(config.out_dir())
+    from seal_lite.loop import RunMismatchError, run_status
+
+    out_dir = Path(out) if out else config.out_dir() if overwrite else _free_out_dir(config.out_dir())
+    status = run_status(out_dir)
+    if status is not None and overwrite:
+        for suffix in ("", "-wal", "-shm"):
+            (out_dir / f"seal.db{suffix}").unlink(missing_ok=True)
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    elif status == "finished":
+        raise click.ClickException(f"{out_dir} holds a finished run; choose another --out or pass --overwrite")
+    elif status is not None:
+        click.echo(f"{out_dir} holds an unfinished run ({status}): resuming it.")
 
     from seal_lite.console import RichProgress, print_recipe, print_summary
     from seal_lite.loop import run as run_loop
 
     print_recipe(config, out_dir)
-    with RichProgress(config.grpo.steps) as progress:
-        summary = run_loop(config, out_dir, progress)
+    try:
+        with RichProgress(config.grpo.steps) as progress:
+            summary = run_loop(config, out_dir, progress)
+    except RunMismatchError as error:
+        raise click.ClickException(str(error)) from None
     print_summary(summary)
 
 

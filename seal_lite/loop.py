@@ -20,11 +20,14 @@ import contextlib
 import dataclasses
 import json
 import random
+import shutil
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from filelock import FileLock, Timeout
 
 from seal_lite.agent import Generator, Trajectory, rollout_group
 from seal_lite.diagnosis.diagnoser import Diagnoser, Explanation, StepReport, failed_turns, resolve_gguf
@@ -42,16 +45,28 @@ from seal_lite.training.advantages import (
     update_utilities,
     weighted_advantages,
 )
-from seal_lite.training.grpo import RolloutBatch
+
+
+@dataclass
+class RolloutBatch:
+    """What one SEAL step hands the policy update, one entry per trajectory in TRL's prompt order."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    env_mask: list[list[int]]
+    rewards: list[float]
+    advantages: list[float]  # already multiplied by the diagnosis weights
 
 
 class Progress(Protocol):
+    def run_started(self, resumed_after: int, backend: str) -> None: ...
     def step_started(self, step: int, num_tasks: int) -> None: ...
     def task_done(self, task_id: str, rewards: list[float]) -> None: ...
     def step_finished(self, step: int, metrics: dict[str, float]) -> None: ...
 
 
 class NoProgress:
+    def run_started(self, resumed_after, backend): pass
     def step_started(self, step, num_tasks): pass
     def task_done(self, task_id, rewards): pass
     def step_finished(self, step, metrics): pass
@@ -95,6 +110,15 @@ class FailureStatistics:
         self.window_counts.clear()
         self.window_reward_sums.clear()
 
+    def to_dict(self) -> dict:
+        return {"window_counts": dict(self.window_counts), "window_reward_sums": dict(self.window_reward_sums),
+                "total_counts": dict(self.total_counts)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> FailureStatistics:
+        return cls(Counter(data["window_counts"]), defaultdict(float, data["window_reward_sums"]),
+                   Counter(data["total_counts"]))
+
 
 class SealStep:
     """One SEAL iteration; TRL calls it with the step's prompts (task ids, G copies each)."""
@@ -103,7 +127,7 @@ class SealStep:
                  progress: Progress = NoProgress(), diagnoser: Diagnoser | None = None):
         self.recipe, self.store, self.tasks, self.generator, self.progress = recipe, store, tasks, generator, progress
         self.diagnoser = diagnoser
-        self.utilities = initial_utilities()
+        self.utilities = initial_utilities() | recipe.grpo.utilities
         self.statistics = FailureStatistics()
         self.step = 0
         self.steps_per_epoch = max(1, len(tasks) // recipe.grpo.tasks_per_step)
@@ -112,6 +136,18 @@ class SealStep:
         self.version = 1
         self.diagnoser_hints: dict[str, str] = {}  # failure label -> latest hint of the local diagnoser
         self.store.save_interface_version(self._version_row(self.interface, self.version, None))
+
+    def state(self) -> dict:
+        """Everything besides the policy that the next step depends on: saved with each checkpoint."""
+        return {"step": self.step, "utilities": self.utilities, "statistics": self.statistics.to_dict(),
+                "version": self.version, "guidelines": list(self.interface.guidelines),
+                "diagnoser_hints": self.diagnoser_hints}
+
+    def restore(self, state: dict) -> None:
+        self.step, self.utilities, self.version = state["step"], dict(state["utilities"]), state["version"]
+        self.statistics = FailureStatistics.from_dict(state["statistics"])
+        self.interface = dataclasses.replace(self.interface, guidelines=tuple(state["guidelines"]))
+        self.diagnoser_hints = dict(state["diagnoser_hints"])
 
     def __call__(self, prompts: list[str]) -> RolloutBatch:
         started = time.time()
@@ -353,15 +389,83 @@ def _diagnoser(recipe: Recipe, store: Store):
         yield diagnoser
 
 
+class RunMismatchError(ValueError):
+    """An existing run directory holds a run of another recipe; resuming it would mix two experiments."""
+
+
+def recipe_differences(stored: dict, current: dict, prefix: str = "") -> list[str]:
+    """Dotted names of the fields whose values differ between two resolved recipes."""
+    names = []
+    for key in sorted(set(stored) | set(current)):
+        a, b = stored.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            names += recipe_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            names.append(f"{prefix}{key}")
+    return names
+
+
+def run_status(out_dir: Path) -> str | None:
+    """The status of the run stored in ``out_dir`` (running, failed, finished), or None if there is none."""
+    path = Path(out_dir) / "seal.db"
+    if not path.exists():
+        return None
+    try:
+        return Store(path).run()["status"]
+    except LookupError:
+        return None
+
+
+def _resume_point(store: Store, out_dir: Path, updates: int) -> dict | None:
+    """The newest committed checkpoint, after removing what later, unfinished steps left behind."""
+    checkpoint = store.last_checkpoint()
+    step = checkpoint["step"] if checkpoint else 0
+    if checkpoint and not (out_dir / checkpoint["path"]).is_dir():
+        raise RunMismatchError(f"{out_dir}: the checkpoint of step {step} ({checkpoint['path']}) is missing; "
+                               f"start again with --overwrite")
+    store.rollback_after(step)
+    for directory in (out_dir / "checkpoints").glob("checkpoint-*"):
+        if int(directory.name.rsplit("-", 1)[1]) > step * updates:  # written by a step that did not commit
+            shutil.rmtree(directory)
+    return checkpoint
+
+
 def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> RunSummary:
-    """Run the whole SEAL loop for ``recipe`` and write everything to ``out_dir/seal.db``."""
+    """Run the whole SEAL loop for ``recipe`` and write everything to ``out_dir/seal.db``.
+
+    If ``out_dir`` already holds an unfinished run of the same recipe, it resumes from its last committed step:
+    the policy, optimizer, RNG and loop state come back from that step's checkpoint, and the rows of any step
+    after it are removed first, so every step is in the store exactly once.
+    """
+    started = time.time()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(out_dir / "run.lock")  # an OS lock: a killed process releases it
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise RunMismatchError(f"another seal-lite process is running {out_dir}; wait for it or stop it") from None
+    try:
+        return _run(recipe, out_dir, progress, started)
+    finally:
+        lock.release()
+
+
+def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> RunSummary:
     from seal_lite.generation import TransformersGenerator
     from seal_lite.models import resolve_model
-    from seal_lite.training.grpo import StoreCallback, build_trainer, load_policy
+    from seal_lite.training.policy import load_policy
 
-    started = time.time()
     store = Store(out_dir / "seal.db")
-    store.start_run(recipe.name, recipe.model_dump(), recipe.policy.model)
+    resuming = run_status(out_dir) is not None
+    if resuming:
+        differences = recipe_differences(json.loads(store.run()["recipe"]), recipe.model_dump())
+        if differences:
+            raise RunMismatchError(f"{out_dir} holds a run of another recipe (differs in {', '.join(differences)}); "
+                                   f"use the same recipe to resume it, another --out, or --overwrite")
+        store.resume_run(recipe.name)
+    else:
+        store.start_run(recipe.name, recipe.model_dump(), recipe.policy.model)
     try:
         task_ids = select_task_ids(recipe)
         tasks = {task.id: task.truncated(recipe.rollout.max_turns) for task in load_tasks(task_ids)}
@@ -369,14 +473,26 @@ def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> Run
             {"id": t.id, "category": t.category, "num_turns": len(t.turns), "involved_classes": ",".join(t.involved_classes)}
             for t in tasks.values()
         ])
-        model, tokenizer = load_policy(resolve_model(recipe.policy.model), recipe)
+        policy = load_policy(resolve_model(recipe.policy.model), recipe)
+        # imported after the policy is loaded: the Unsloth backend must patch trl before anything imports it
+        from seal_lite.training.grpo import CheckpointCallback, StoreCallback, build_trainer, updates_per_step
+
+        updates = updates_per_step(recipe)
+        checkpoint = _resume_point(store, out_dir, updates) if resuming else None
         with _diagnoser(recipe, store) as diagnoser:  # a served diagnoser stops here, also on error and Ctrl-C
             seal_step = SealStep(recipe, store, tasks, None, progress, diagnoser)
-            trainer = build_trainer(model, tokenizer, recipe, task_ids, seal_step, str(out_dir / "trl"),
-                                    callbacks=[StoreCallback(store)])
+            if checkpoint:
+                seal_step.restore(checkpoint["seal_state"])
+            progress.run_started(seal_step.step, policy.backend)
+
+            def commit(step: int, directory: str) -> None:
+                store.commit_checkpoint(step, str(Path(directory).relative_to(out_dir)), seal_step.state())
+
+            trainer = build_trainer(policy, recipe, task_ids, seal_step, str(out_dir / "checkpoints"),
+                                    callbacks=[StoreCallback(store, updates), CheckpointCallback(commit, updates)])
             # The generator must use the LoRA-wrapped model TRL built, so rollouts come from the current policy.
-            seal_step.generator = TransformersGenerator(trainer.model, tokenizer)
-            trainer.train()  # 9. the policy updates, one per SEAL step
+            seal_step.generator = TransformersGenerator(trainer.model, policy.tokenizer)
+            trainer.train(resume_from_checkpoint=str(out_dir / checkpoint["path"]) if checkpoint else None)
         trainer.save_model(str(out_dir / "adapter"))
     except BaseException:
         store.finish_run(recipe.name, "failed", time.time() - started)

@@ -78,7 +78,7 @@ def gguf_path(name: str) -> Path:
         parts.append(path)
     if len(parts) == 1:
         return parts[0]
-    target = cache_dir() / "gguf" / f"{name}-{entry.sha256[:12]}.gguf"
+    target = assembled_gguf(name)
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(".partial")
@@ -91,6 +91,17 @@ def gguf_path(name: str) -> Path:
             raise ModelSourceError(f"the parts of {name!r} do not add up to the expected file; reinstall: {entry.install}")
         partial.rename(target)
     return target
+
+
+def assembled_gguf(name: str) -> Path:
+    """Where ``gguf_path`` keeps the concatenated parts of a split registry model (present once assembled)."""
+    return cache_dir() / "gguf" / f"{name}-{REGISTRY[name].sha256[:12]}.gguf"
+
+
+def converted_dir(gguf: Path, label: str) -> Path:
+    """Where ``convert_gguf`` keeps (or will keep) the safetensors directory of ``gguf``."""
+    key = hashlib.sha256(f"{gguf.resolve()}:{gguf.stat().st_size}:{gguf.stat().st_mtime_ns}".encode()).hexdigest()
+    return cache_dir() / "models" / f"{label}-{key[:12]}"
 
 
 def _sha256(path: Path) -> str:
@@ -125,8 +136,7 @@ def resolve_model(spec: str) -> str:
 
 def convert_gguf(gguf: Path, label: str) -> Path:
     """De-quantize a GGUF once into a trainable safetensors directory; return the cached directory."""
-    key = hashlib.sha256(f"{gguf.resolve()}:{gguf.stat().st_size}:{gguf.stat().st_mtime_ns}".encode()).hexdigest()
-    target = cache_dir() / "models" / f"{label}-{key[:12]}"
+    target = converted_dir(gguf, label)
     if (target / "config.json").exists():
         return target
     import torch

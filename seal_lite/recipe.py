@@ -13,6 +13,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from seal_lite.diagnosis.labels import BASE_UTILITY
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -30,6 +32,15 @@ class PolicyConfig(_Section):
     lora_r: int = Field(8, ge=1, description="LoRA rank.")
     lora_alpha: int = Field(16, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+    backend: Literal["auto", "unsloth", "peft-4bit", "peft"] = Field(
+        "auto",
+        description="How the policy is loaded: unsloth (Unsloth 4-bit QLoRA, NVIDIA GPU), peft-4bit (transformers + "
+        "bitsandbytes 4-bit + peft LoRA, NVIDIA GPU), peft (LoRA on a bf16/fp32 model, any device). auto picks the "
+        "first that works here, in that order; `seal-lite doctor` shows which.",
+    )
+    gradient_checkpointing: bool | None = Field(
+        None, description="Recompute activations in the backward pass to fit long trajectories (None: on with a GPU)."
+    )
 
 
 class DataConfig(_Section):
@@ -120,6 +131,32 @@ class GRPOConfig(_Section):
         "all", description="Which advantages the diagnosis weight scales."
     )
     closed_loop: bool = Field(True, description="Update label utilities rho each step (SEAL_METHOD.md §5).")
+    utilities: dict[str, float] = Field(
+        {}, description="Starting rho per failure label, e.g. {state_mismatch: 1.2} (default: the base utilities b_z); "
+        "with closed_loop false they stay fixed (static rho).",
+    )
+    mini_batches: int = Field(
+        1, ge=1, description="Optimizer steps per SEAL step: the step's trajectories are split into this many "
+        "mini-batches (paper: 4). tasks_per_step x num_generations must be divisible by it.",
+    )
+    num_iterations: int = Field(1, ge=1, description="PPO epochs over each step's trajectories (paper: 1).")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    keep_checkpoints: int = Field(
+        2, ge=1, description="Checkpoints kept in RUN/checkpoints (one is written every step; a killed run resumes "
+        "from the newest complete one).",
+    )
+
+    @field_validator("utilities")
+    @classmethod
+    def _known_labels(cls, value: dict[str, float]) -> dict[str, float]:
+        known = [label for label, base in BASE_UTILITY.items() if base is not None]
+        for label, utility in value.items():
+            if label not in known:
+                raise ValueError(f"unknown failure label {label!r}; use one of {', '.join(known)}")
+            if not 0.5 <= utility <= 2.0:
+                raise ValueError(f"rho({label}) = {utility} is outside [0.5, 2.0], the range of the weights")
+        return value
 
 
 class Recipe(_Section):
@@ -148,6 +185,11 @@ class Recipe(_Section):
                 f"a step cannot sample more tasks than data.num_tasks ({self.data.num_tasks}); "
                 f"lower it or raise data.num_tasks",
             )
+        generation_batch = self.grpo.tasks_per_step * self.rollout.num_generations
+        if generation_batch % self.grpo.mini_batches:
+            raise _FieldError("grpo.mini_batches", self.grpo.mini_batches,
+                              f"it must divide tasks_per_step x num_generations ({generation_batch}); "
+                              f"use a divisor such as {max(d for d in (1, 2, 4) if generation_batch % d == 0)}")
         if self.interface.hints == "llm" and self.diagnoser.mode == "off":
             raise _FieldError("interface.hints", "llm", "hints from the diagnoser need it on; set diagnoser.mode "
                               "to in_process (or server/url), or use interface.hints template")

@@ -9,9 +9,13 @@ Tables (documented in docs/store.md):
     diagnoses           the local diagnoser's answers, keyed by the content hash of the failure (a cache)
     interface_versions  the rendered training interface, version by version
     metrics             (step, name, value), namespaced like reward/mean or labels/pass
+    checkpoints         one row per committed step: its checkpoint directory and the SEAL loop's state
 
 A step's rollouts, turns and metrics are written in one transaction (``Database.atomic``: sqlite-utils'
-own writes nest inside it as savepoints), so a crash leaves a whole step or nothing. Primary keys are explicit and writes are upserts, so writing a step twice never duplicates rows.
+own writes nest inside it as savepoints), so a crash leaves a whole step or nothing. Primary keys are explicit
+and writes are upserts, so writing a step twice never duplicates rows. A step counts as done once its
+``checkpoints`` row exists (written after the policy update and its checkpoint); ``rollback_after`` removes the
+rows of steps a killed run did not finish, so a resumed run writes each step exactly once.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ _TABLES = {
         "version",
     ),
     "metrics": ({"step": int, "name": str, "value": float}, ("step", "name")),
+    "checkpoints": ({"step": int, "path": str, "seal_state": str, "created_at": float}, "step"),
 }
 
 
@@ -120,6 +125,30 @@ class Store:
     def _upsert_metrics(self, step: int, metrics: dict[str, float]) -> None:
         rows = [{"step": step, "name": name, "value": float(value)} for name, value in metrics.items()]
         self.db["metrics"].upsert_all(rows, pk=("step", "name"))
+
+    def commit_checkpoint(self, step: int, path: str, seal_state: dict) -> None:
+        """Mark ``step`` done: its checkpoint is complete on disk and ``seal_state`` restores the loop."""
+        with self.db.atomic():
+            self.db["checkpoints"].upsert({"step": step, "path": path, "seal_state": json.dumps(seal_state),
+                                           "created_at": time.time()}, pk="step")
+
+    def last_checkpoint(self) -> dict | None:
+        rows = list(self.db["checkpoints"].rows_where(order_by="step desc", limit=1))
+        return _decode(rows[0], "seal_state") if rows else None
+
+    def rollback_after(self, step: int) -> int:
+        """Delete everything written by steps after ``step`` (an unfinished step of a killed run); return how many
+        steps were removed. Diagnoses stay: they are a content-keyed cache, valid whatever step asked."""
+        removed = self.db.execute("select count(*) from steps where step > ?", [step]).fetchone()[0]
+        with self.db.atomic():
+            self.db.execute("delete from turns where trajectory_id in (select id from trajectories where step > ?)",
+                            [step])
+            for table in ("trajectories", "steps", "metrics", "interface_versions", "checkpoints"):
+                self.db.execute(f"delete from {table} where step > ?", [step])
+        return removed
+
+    def resume_run(self, name: str) -> None:
+        self.db["runs"].update(name, {"status": "running", "finished_at": None})
 
     def update_step(self, step: int, values: dict) -> None:
         with self.db.atomic():

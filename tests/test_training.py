@@ -9,6 +9,7 @@ from seal_lite.loop import SealStep
 from seal_lite.recipe import load_recipe
 from seal_lite.store import Store
 from seal_lite.training import grpo
+from seal_lite.training.policy import load_policy
 
 
 def test_weighted_grpo_step_updates_lora_on_model_tokens_only(tmp_path, tiny_model_dir, monkeypatch):
@@ -18,7 +19,8 @@ def test_weighted_grpo_step_updates_lora_on_model_tokens_only(tmp_path, tiny_mod
     })
     task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
     store = Store(tmp_path / "seal.db")
-    model, tokenizer = grpo.load_policy(tiny_model_dir, recipe)
+    policy = load_policy(tiny_model_dir, recipe)
+    tokenizer = policy.tokenizer
     scripts = [[tool_call_text(task.ground_truth[0]), "Done."], [tool_call_text(["mkdir(dir_name='x')"]), "Done."]]
     generator = ScriptedGenerator(tokenizer, scripts)
     seal_step = SealStep(recipe, store, {task.id: task}, generator)
@@ -31,8 +33,8 @@ def test_weighted_grpo_step_updates_lora_on_model_tokens_only(tmp_path, tiny_mod
         return captured["output"]
 
     monkeypatch.setattr(grpo.SealGRPOTrainer, "_generate_and_score_completions", capture)
-    trainer = grpo.build_trainer(model, tokenizer, recipe, [task.id], seal_step, str(tmp_path / "trl"),
-                                 callbacks=[grpo.StoreCallback(store)])
+    trainer = grpo.build_trainer(policy, recipe, [task.id], seal_step, str(tmp_path / "trl"),
+                                 callbacks=[grpo.StoreCallback(store, updates=1)])
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
     assert all(torch.count_nonzero(p) == 0 for p in before.values())  # LoRA B starts at zero
     trainer.train()
@@ -67,9 +69,10 @@ def test_equal_rewards_leave_lora_unchanged(tmp_path, tiny_model_dir):
     })
     task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
     store = Store(tmp_path / "seal.db")
-    model, tokenizer = grpo.load_policy(tiny_model_dir, recipe)
+    policy = load_policy(tiny_model_dir, recipe)
+    tokenizer = policy.tokenizer
     generator = ScriptedGenerator(tokenizer, [["I cannot."], ["No."]])
-    trainer = grpo.build_trainer(model, tokenizer, recipe, [task.id], SealStep(recipe, store, {task.id: task}, generator),
+    trainer = grpo.build_trainer(policy, recipe, [task.id], SealStep(recipe, store, {task.id: task}, generator),
                                  str(tmp_path / "trl"))
     trainer.train()
     assert all(torch.count_nonzero(p) == 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)

@@ -15,68 +15,59 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in trl 1.14.2
 
 from datasets import Dataset  # noqa: E402
-from peft import LoraConfig  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback  # noqa: E402
-from transformers.utils import logging as transformers_logging  # noqa: E402
+from transformers import PrinterCallback, TrainerCallback, set_seed  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from seal_lite.recipe import Recipe  # noqa: E402
+from seal_lite.training.policy import Policy  # noqa: E402
+
+if TYPE_CHECKING:
+    from seal_lite.loop import RolloutBatch
+
+StepFunction = Callable[[list[str]], "RolloutBatch"]
+CHECKPOINT_PREFIX = "checkpoint-"  # transformers' name: checkpoint-<optimizer step>
 
 
-@dataclass
-class RolloutBatch:
-    """What the SEAL loop returns for one step, one entry per trajectory in TRL's prompt order."""
-
-    prompt_ids: list[list[int]]
-    completion_ids: list[list[int]]
-    env_mask: list[list[int]]
-    rewards: list[float]
-    advantages: list[float]  # already multiplied by the diagnosis weights
-
-
-StepFunction = Callable[[list[str]], RolloutBatch]
-
-
-def pick_dtype(name: str) -> torch.dtype:
-    if name == "float32":
-        return torch.float32
-    return torch.bfloat16  # auto and bfloat16: ~1.7x faster than float32 on CPU, native on GPUs
-
-
-def load_policy(model_dir: str, recipe: Recipe):
-    transformers_logging.set_verbosity_error()  # the run shows its own progress; keep the terminal readable
-    transformers_logging.disable_progress_bar()
-    # clean-up of tokenization spaces corrupts BPE text (and warns); decode exactly what was generated
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, clean_up_tokenization_spaces=False)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=pick_dtype(recipe.policy.dtype))
-    return model, tokenizer
+def updates_per_step(recipe: Recipe) -> int:
+    """Optimizer steps TRL takes per SEAL step: one per mini-batch, for each PPO epoch."""
+    return recipe.grpo.mini_batches * recipe.grpo.num_iterations
 
 
 class StoreCallback(TrainerCallback):
-    """Write TRL's per-step training figures (loss, KL, LoRA norm) into the run's store."""
+    """Write TRL's per-step training figures (loss, KL, clip ratios, LoRA norm) into the run's store."""
 
-    def __init__(self, store):
-        self.store = store
+    def __init__(self, store, updates: int):
+        self.store, self.updates = store, updates
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs or state.global_step == 0:
             return
+        step = state.global_step // self.updates  # logging_steps = updates: one log per SEAL step, averaged
         metrics = {f"grpo/{name}": value for name, value in logs.items() if isinstance(value, (int, float))}
         model = kwargs.get("model")
         if model is not None:
             metrics["grpo/lora_norm"] = lora_norm(model)
-        self.store.save_metrics(state.global_step, metrics)
-        self.store.update_step(state.global_step, {"loss": float(logs["loss"]), "finished_at": time.time()})
+        self.store.save_metrics(step, metrics)
+        self.store.update_step(step, {"loss": float(logs["loss"]), "finished_at": time.time()})
+
+
+class CheckpointCallback(TrainerCallback):
+    """After transformers has written a whole checkpoint (adapter, optimizer, scheduler, RNG, trainer state),
+    hand it to ``commit(step, directory)``: the SEAL state goes beside it and the store marks the step done."""
+
+    def __init__(self, commit: Callable[[int, str], None], updates: int):
+        self.commit, self.updates = commit, updates
+
+    def on_save(self, args, state, control, **kwargs):
+        directory = os.path.join(args.output_dir, f"{CHECKPOINT_PREFIX}{state.global_step}")
+        self.commit(state.global_step // self.updates, directory)
 
 
 def lora_norm(model) -> float:
@@ -97,38 +88,38 @@ class SealGRPOTrainer(GRPOTrainer):
         return output
 
 
-def build_trainer(model, tokenizer, recipe: Recipe, task_ids: list[str], seal_step: StepFunction,
+def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step: StepFunction,
                   output_dir: str, callbacks: list[TrainerCallback] = ()) -> SealGRPOTrainer:
     grpo, group = recipe.grpo, recipe.rollout.num_generations
+    updates = updates_per_step(recipe)
     config = GRPOConfig(
         output_dir=output_dir,
-        per_device_train_batch_size=grpo.tasks_per_step * group,
+        # one generation batch (tasks_per_step x G trajectories) per SEAL step, split into mini-batches
+        per_device_train_batch_size=grpo.tasks_per_step * group // grpo.mini_batches,
+        steps_per_generation=grpo.mini_batches,
         num_generations=group,
         gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_iterations=1,
-        max_steps=grpo.steps,
+        num_iterations=grpo.num_iterations,
+        max_steps=grpo.steps * updates,
         learning_rate=grpo.learning_rate,
         lr_scheduler_type="constant",
-        beta=grpo.beta,
+        weight_decay=grpo.weight_decay,
+        max_grad_norm=grpo.max_grad_norm,
+        beta=grpo.beta,  # TRL's KL term is the k3 estimator, verl's low_var_kl (without its +-10 clamp)
         epsilon=grpo.epsilon,
         loss_type=grpo.loss_type,
-        logging_steps=1,
-        save_strategy="no",
+        logging_steps=updates,
+        save_strategy="steps",
+        save_steps=updates,  # a checkpoint at the end of every SEAL step
+        save_total_limit=grpo.keep_checkpoints,
         report_to="none",
         disable_tqdm=True,
         seed=recipe.seed,
-        bf16=model.dtype == torch.bfloat16,
+        bf16=policy.dtype == torch.bfloat16,
+        fp16=policy.dtype == torch.float16,
         use_cpu=not torch.cuda.is_available(),
         max_completion_length=recipe.rollout.max_context_tokens,
         dataloader_num_workers=0,
-    )
-    lora = LoraConfig(
-        r=recipe.policy.lora_r,
-        lora_alpha=recipe.policy.lora_alpha,
-        lora_dropout=recipe.policy.lora_dropout,
-        target_modules="all-linear",
-        task_type="CAUSAL_LM",
     )
 
     def rollout_func(prompts: list[str], trainer) -> dict:
@@ -145,13 +136,14 @@ def build_trainer(model, tokenizer, recipe: Recipe, task_ids: list[str], seal_st
     def official_verdict_reward(prompts, completions, verdict, **_) -> list[float]:
         return list(verdict)
 
+    set_seed(recipe.seed)  # LoRA's A matrices are drawn here: the same recipe gives the same run
     trainer = SealGRPOTrainer(
-        model=model,
+        model=policy.model,
         reward_funcs=[official_verdict_reward],
         args=config,
         train_dataset=Dataset.from_dict({"prompt": task_ids}),
-        processing_class=tokenizer,
-        peft_config=lora,
+        processing_class=policy.tokenizer,
+        peft_config=policy.peft_config,
         rollout_func=rollout_func,
         callbacks=list(callbacks),
     )
