@@ -95,12 +95,14 @@ def run(recipe, out, overrides, overwrite):
 
     from seal_lite.console import RichProgress, print_recipe, print_summary
     from seal_lite.loop import run as run_loop
+    from seal_lite.models import ModelSourceError
+    from seal_lite.training.policy import PolicyBackendError
 
     print_recipe(config, out_dir)
     try:
         with RichProgress(config.grpo.steps) as progress:
             summary = run_loop(config, out_dir, progress)
-    except RunMismatchError as error:
+    except (RunMismatchError, ModelSourceError, PolicyBackendError) as error:
         raise click.ClickException(str(error)) from None
     print_summary(summary)
 

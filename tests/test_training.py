@@ -1,5 +1,7 @@
 """One real GRPO step through TRL on a tiny random model, fed by the real SEAL step with scripted rollouts."""
 
+import json
+
 import pytest
 import torch
 from conftest import ScriptedGenerator, tool_call_text
@@ -76,3 +78,23 @@ def test_equal_rewards_leave_lora_unchanged(tmp_path, tiny_model_dir):
                                  str(tmp_path / "trl"))
     trainer.train()
     assert all(torch.count_nonzero(p) == 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
+
+
+def test_mini_batches_and_ppo_epochs_map_onto_seal_steps(tmp_path, tiny_model_dir):
+    """4 optimizer steps per SEAL step (2 mini-batches x 2 PPO epochs): one store row, loss and checkpoint each."""
+    from seal_lite.loop import run
+
+    recipe = load_recipe(None, {
+        "policy.model": tiny_model_dir, "policy.dtype": "float32", "diagnoser.mode": "off",
+        "data.task_ids": ["multi_turn_base_0", "multi_turn_base_1"], "grpo.tasks_per_step": 1, "grpo.steps": 2,
+        "grpo.mini_batches": 2, "grpo.num_iterations": 2, "rollout.num_generations": 2, "rollout.max_turns": 1,
+        "rollout.max_new_tokens": 8, "rollout.max_model_calls": 1,
+    })
+    run(recipe, tmp_path)
+    store = Store(tmp_path / "seal.db")
+    assert [s["step"] for s in store.steps()] == [1, 2]
+    assert all(s["loss"] is not None for s in store.steps())
+    assert [step for step, _ in store.metrics("grpo/loss")] == [1, 2]
+    rows = list(store.db["checkpoints"].rows_where(order_by="step"))
+    assert [(r["step"], r["path"]) for r in rows] == [(1, "checkpoints/checkpoint-4"), (2, "checkpoints/checkpoint-8")]
+    assert json.loads(rows[-1]["seal_state"])["step"] == 2
