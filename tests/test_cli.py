@@ -6,7 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlite_utils
+import yaml
 from click.testing import CliRunner
 
 from seal_lite.cli import main
@@ -25,6 +27,13 @@ def test_help_for_group_and_commands():
 
 def test_quickstart_file_equals_the_embedded_default():
     assert load_recipe(ROOT / "recipes" / "quickstart.yaml") == Recipe()
+    written = yaml.safe_load((ROOT / "recipes" / "quickstart.yaml").read_text())
+    assert written == Recipe().model_dump()  # it restates every default, so users see every knob
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda path: path.stem)
+def test_every_shipped_recipe_validates(path):
+    assert load_recipe(path).name == path.stem
 
 
 def test_invalid_recipe_names_field_reason_and_fix(tmp_path):
