@@ -106,7 +106,9 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         lr_scheduler_type="constant",
         weight_decay=grpo.weight_decay,
         max_grad_norm=grpo.max_grad_norm,
-        beta=grpo.beta,  # TRL's KL term is the k3 estimator, verl's low_var_kl (without its +-10 clamp)
+        beta=grpo.beta,
+        use_bias_correction_kl=False,  # plain k3 = verl's low_var_kl, the paper's (trl defaults to k3 x ratio)
+        temperature=recipe.rollout.temperature,  # score log-probs at the temperature the rollouts were sampled at
         epsilon=grpo.epsilon,
         loss_type=grpo.loss_type,
         logging_steps=updates,

@@ -1,0 +1,309 @@
+"""TRL's GRPO loss for SEAL, checked against a reference written from the formulas (tiny random model, fp32).
+
+The batch is real: one SEAL step over BFCL multi_turn_base_0 (two turns) with four scripted episodes, so every
+completion holds model tokens and environment tokens (a tool result and the next user turn), rewards differ
+within the group, and the diagnosis weights differ from 1. TRL prepares its inputs as in training
+(``_generate_and_score_completions``); ``compute_loss`` and autograd then give the loss, its derivative with
+respect to the loss mask (from which the per-token loss follows) and the LoRA gradients. The reference
+recomputes them from plain forward passes of the same model, one unpadded sequence at a time:
+
+    logp_t = log softmax(logits_{t-1} / T)[token_t]    ref_t: the same with the LoRA adapter disabled
+    r_t    = exp(logp_t - old_t)                        on-policy old_t = logp_t, detached
+    k3_t   = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
+    loss_t = -min(r_t A, clip(r_t, 1 - eps, 1 + eps) A) + beta k3_t       (x r_t on k3_t: see below)
+
+A is the trajectory's SEAL advantage read from the store; the mask is the trajectory's env_mask. Aggregation
+(trl 1.14.2 grpo_trainer.py, _compute_loss, lines 3224-3245): grpo averages each trajectory's token mean; bnpo
+divides the token sum by the mask's own token count; dapo by the generation batch's loss-token count, a constant
+fixed at rollout time; dr_grpo by B x max_completion_length.
+
+KL: trl 1.14.2 defaults to ``use_bias_correction_kl=True`` (lines 3175-3176), which multiplies k3 by the
+differentiable ratio r_t. Its value is unchanged on-policy but its gradient gains k3 * grad(logp) everywhere;
+SEAL_METHOD.md §2 step 9 asks for plain low_var_kl (k3), so build_trainer turns the flag off. The reference
+follows the trainer's flag, and both settings are compared.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from conftest import ScriptedGenerator, tool_call_text
+
+from seal_lite.envs.bfcl import load_tasks
+from seal_lite.loop import SealStep
+from seal_lite.recipe import load_recipe
+from seal_lite.store import Store
+from seal_lite.training import grpo
+from seal_lite.training.policy import load_policy
+
+TASK_ID = "multi_turn_base_0"
+G = 4
+BETA, EPSILON = 0.04, 0.2
+
+
+def scripts(ground_truth: list[list[str]]) -> list[list[str]]:
+    """One model call per turn: a pass, a wrong call, two empty turns, a pass then an empty turn."""
+    return [
+        [tool_call_text(ground_truth[0]), tool_call_text(ground_truth[1])],
+        [tool_call_text(["mkdir(dir_name='x')"]), tool_call_text(ground_truth[1])],
+        ["I cannot.", "No."],
+        [tool_call_text(ground_truth[0]), "Done."],
+    ]
+
+
+class Case:
+    """A trainer built from the recipe, TRL's prepared inputs for one SEAL step, and the reference computation."""
+
+    def __init__(self, root, model_dir: str, loss_type: str, weighting: bool, temperature: float = 1.0):
+        self.recipe = load_recipe(None, {
+            "data.task_ids": [TASK_ID], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.loss_type": loss_type,
+            "grpo.beta": BETA, "grpo.epsilon": EPSILON, "grpo.diagnosis_weighting": weighting,
+            "rollout.num_generations": G, "rollout.max_turns": 2, "rollout.max_calls_per_turn": 1,
+            "rollout.temperature": temperature, "policy.dtype": "float32", "diagnoser.mode": "off",
+        })
+        task = load_tasks([TASK_ID])[0].truncated(2)
+        store = Store(root / "seal.db")
+        policy = load_policy(model_dir, self.recipe)
+        generator = ScriptedGenerator(policy.tokenizer, scripts(task.ground_truth))
+        step = SealStep(self.recipe, store, {task.id: task}, generator)
+        self.trainer = grpo.build_trainer(policy, self.recipe, [task.id], step, str(root / "trl"))
+        self.model = self.trainer.model
+        # a non-zero adapter, so the policy differs from the reference model and the KL term has a gradient
+        seed = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name, parameter in self.model.named_parameters():
+                if "lora_B" in name:
+                    parameter.copy_(torch.randn(parameter.shape, generator=seed) * 0.5)
+        self.model.train()
+        self.trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop; compute_loss reads it
+        self.inputs = self.trainer._generate_and_score_completions([{"prompt": task.id}] * G)
+        self.batch = self.trainer.seal_batch
+        self.rows = store.trajectories(step=1)
+        self.lora_names = [name for name, p in self.model.named_parameters() if "lora_" in name]
+        self.lora = [p for name, p in self.model.named_parameters() if "lora_" in name]
+        self.width = self.inputs["completion_ids"].shape[1]
+        self.loss_positions = self.pad([torch.tensor(mask) for mask in self.batch.env_mask]).bool()
+        self.env_positions = self.inputs["completion_mask"].bool() & ~self.loss_positions
+        self.ref = self.logps(adapter=False)
+        with torch.no_grad():
+            self.current = self.logps(adapter=True)
+        noise = torch.Generator().manual_seed(2)
+        # old log-probs = current + deterministic noise in [-0.3, 0.3]: some ratios leave [1 - eps, 1 + eps]
+        self.off_policy_old = [lp + (torch.rand(len(lp), generator=noise) * 2 - 1) * 0.3 for lp in self.current]
+        self._trl, self._reference = {}, {}
+
+    def pad(self, rows: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([torch.nn.functional.pad(row, (0, self.width - len(row))) for row in rows])
+
+    def trl(self, inputs: dict):
+        """TRL's loss, its derivative with respect to the loss mask (tool_mask), and the LoRA gradients."""
+        inputs = dict(inputs)
+        tool_mask = inputs["tool_mask"].float().requires_grad_(True)
+        inputs["tool_mask"] = tool_mask
+        loss = self.trainer.compute_loss(self.model, inputs)
+        mask_grad, *grads = torch.autograd.grad(loss, [tool_mask, *self.lora])
+        return loss.detach(), mask_grad, grads
+
+    def inputs_for(self, policy: str) -> dict:
+        if policy == "on":
+            return self.inputs
+        return {**self.inputs, "old_per_token_logps": self.pad(self.off_policy_old)}
+
+    def trl_result(self, policy: str):
+        """``trl`` on the case's on- or off-policy inputs, computed once (the tests share a case)."""
+        if policy not in self._trl:
+            self._trl[policy] = self.trl(self.inputs_for(policy))
+        return self._trl[policy]
+
+    # ---- the reference: plain forward passes and the formulas, nothing from TRL ----
+
+    def logps(self, adapter: bool) -> list[torch.Tensor]:
+        """Per-token log-probabilities of each completion, one unpadded sequence at a time."""
+        temperature = self.recipe.rollout.temperature  # the distribution the rollouts were sampled from
+        out = []
+        for prompt, completion in zip(self.batch.prompt_ids, self.batch.completion_ids, strict=True):
+            ids = torch.tensor([prompt + completion])
+            if adapter:
+                logits = self.model(input_ids=ids, logits_to_keep=len(completion) + 1, use_cache=False).logits
+            else:
+                with torch.no_grad(), self.model.disable_adapter():
+                    logits = self.model(input_ids=ids, logits_to_keep=len(completion) + 1, use_cache=False).logits
+            # logits at position t predict token t + 1: the last prompt position predicts the first completion token
+            logprobs = torch.log_softmax(logits[0, :-1] / temperature, dim=-1)
+            out.append(logprobs.gather(-1, torch.tensor(completion)[:, None])[:, 0])
+        return out
+
+    def per_token_loss(self, logps, old, kl_times_ratio: bool) -> list[torch.Tensor]:
+        out = []
+        advantages = [row["weighted_advantage"] for row in self.rows]
+        for logp, old_row, ref_row, advantage in zip(logps, old, self.ref, advantages, strict=True):
+            ratio = torch.exp(logp - old_row)
+            surrogate = torch.minimum(ratio * advantage, ratio.clamp(1 - EPSILON, 1 + EPSILON) * advantage)
+            k3 = torch.exp(ref_row - logp) - (ref_row - logp) - 1
+            out.append(-surrogate + BETA * (k3 * ratio if kl_times_ratio else k3))
+        return out
+
+    def aggregate(self, per_token: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Tensor:
+        loss_type = self.recipe.grpo.loss_type
+        total = sum((loss * mask).sum() for loss, mask in zip(per_token, masks, strict=True))
+        if loss_type == "grpo":  # each trajectory's token mean, then the mean over trajectories
+            means = [(loss * mask).sum() / mask.sum().clamp(min=1) for loss, mask in zip(per_token, masks)]
+            return torch.stack(means).mean()
+        if loss_type == "bnpo":  # token mean, counting the tokens of the mask it is given
+            return total / sum(mask.sum() for mask in masks).clamp(min=1)
+        if loss_type == "dapo":  # token sum over the generation batch's loss-token count, fixed at rollout time
+            return total / max(1, sum(sum(mask) for mask in self.batch.env_mask))
+        if loss_type == "dr_grpo":  # a constant: B x the configured maximum completion length
+            return total / (len(masks) * self.recipe.rollout.max_context_tokens)
+        raise AssertionError(loss_type)
+
+    def reference(self, policy: str, kl_times_ratio: bool):
+        """Reference loss, derivative with respect to the mask, LoRA gradients and per-token loss (padded)."""
+        if (policy, kl_times_ratio) not in self._reference:
+            self._reference[policy, kl_times_ratio] = self._compute_reference(policy, kl_times_ratio)
+        return self._reference[policy, kl_times_ratio]
+
+    def _compute_reference(self, policy: str, kl_times_ratio: bool):
+        logps = self.logps(adapter=True)
+        old = [logp.detach() for logp in logps] if policy == "on" else self.off_policy_old
+        per_token = self.per_token_loss(logps, old, kl_times_ratio)
+        masks = [torch.tensor(mask, dtype=torch.float32, requires_grad=True) for mask in self.batch.env_mask]
+        loss = self.aggregate(per_token, masks)
+        grads = torch.autograd.grad(loss, [*masks, *self.lora])
+        mask_grad = self.pad(list(grads[: len(masks)]))
+        return loss.detach(), mask_grad, list(grads[len(masks):]), self.pad([t.detach() for t in per_token])
+
+
+@functools.cache
+def _case(root, model_dir: str, loss_type: str, weighting: bool) -> Case:
+    return Case(root / f"{loss_type}-{weighting}", model_dir, loss_type, weighting)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on 2 shared cores one thread is 2-3x faster than two contending ones
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory, tiny_model_dir):
+    """Cases are built once per (loss type, weighting) and shared: TRL's compute_loss leaves them unchanged."""
+    root = tmp_path_factory.mktemp("grpo_reference")
+    yield lambda loss_type, weighting: _case(root, tiny_model_dir, loss_type, weighting)
+    _case.cache_clear()
+
+
+def assert_close(actual, expected, what: str, rtol=1e-4, atol_scale=1e-5):
+    """allclose with the absolute tolerance scaled to the largest expected value (fp32 sums over ~600 tokens)."""
+    scale = float(expected.abs().max())
+    assert scale > 0, f"{what}: the reference is all zeros, the comparison would prove nothing"
+    diff = float((actual - expected).abs().max())
+    assert torch.allclose(actual, expected, rtol=rtol, atol=atol_scale * scale), f"{what}: {diff:.3g} of {scale:.3g}"
+
+
+def compare(c: Case, policy: str, kl_times_ratio: bool, trl_result=None):
+    loss, mask_grad, grads = trl_result or c.trl_result(policy)
+    ref_loss, ref_mask_grad, ref_grads, ref_per_token = c.reference(policy, kl_times_ratio)
+
+    assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-7), (float(loss), float(ref_loss))
+    # d loss / d mask at every completion position: each token's loss times its weight in the aggregation (for
+    # grpo and bnpo also the normaliser's dependence on the mask); env positions included, padding excluded
+    completion = c.inputs["completion_mask"].bool()
+    assert_close(mask_grad[completion], ref_mask_grad[completion], "d loss / d mask", atol_scale=1e-3)
+    loss_type = c.recipe.grpo.loss_type
+    if loss_type in ("dapo", "dr_grpo"):
+        # linear in the mask: normaliser x derivative is TRL's per-token loss itself
+        normaliser = c.loss_positions.sum() if loss_type == "dapo" else G * c.recipe.rollout.max_context_tokens
+        per_token = mask_grad * normaliser
+        assert_close(per_token[c.loss_positions], ref_per_token[c.loss_positions], "per-token loss")
+    for name, grad, ref_grad in zip(c.lora_names, grads, ref_grads, strict=True):
+        assert_close(grad, ref_grad, name)
+    return ref_grads
+
+
+@pytest.mark.parametrize("weighting", [True, False], ids=["weighted", "unweighted"])
+def test_batch_is_informative(case, weighting):
+    """Guards the comparisons below against a degenerate batch that would let them pass trivially."""
+    c = case("dapo", weighting)
+    assert [row["reward"] for row in c.rows] == [1.0, 0.0, 0.0, 0.0]
+    weights = [row["weight"] for row in c.rows]
+    if weighting:
+        assert len({round(w, 6) for w in weights}) >= 3 and any(abs(w - 1) > 0.2 for w in weights)
+    else:
+        assert weights == [1.0] * G
+    advantages = [row["weighted_advantage"] for row in c.rows]
+    assert advantages == pytest.approx([row["advantage"] * row["weight"] for row in c.rows])
+    # every completion starts and ends with model tokens and holds environment tokens in between
+    for mask in c.batch.env_mask:
+        assert mask[0] == 1 and mask[-1] == 1 and 0 in mask
+    # TRL received SEAL's advantages, and its loss mask is SEAL's env_mask
+    assert c.inputs["advantages"].tolist() == pytest.approx(advantages, rel=1e-6)
+    assert (c.inputs["completion_mask"] * c.inputs["tool_mask"]).bool().equal(c.loss_positions)
+    # TRL's reference log-probs are the model's with the adapter disabled; the adapter moved the policy away
+    # from them far enough for the KL term to count
+    assert torch.allclose(c.inputs["ref_per_token_logps"][c.loss_positions], c.pad(c.ref)[c.loss_positions], atol=1e-5)
+    k3 = [torch.exp(r - lp) - (r - lp) - 1 for lp, r in zip(c.current, c.ref)]
+    assert BETA * float(torch.cat(k3).mean()) > 1e-4  # > 25x the loss tolerance below
+    # the off-policy old log-probs put some loss tokens outside the clip range and some inside
+    ratio = torch.exp(c.pad(c.current) - c.pad(c.off_policy_old))[c.loss_positions]
+    outside = (ratio < 1 - EPSILON) | (ratio > 1 + EPSILON)
+    assert 0.2 < float(outside.float().mean()) < 0.8
+
+
+@pytest.mark.parametrize(("loss_type", "weighting", "policy"), [
+    *[(loss_type, weighting, policy) for loss_type in ("dapo", "grpo")
+      for weighting, policy in ((True, "on"), (True, "off"), (False, "off"))],
+    ("bnpo", True, "off"),
+    ("dr_grpo", True, "off"),
+])
+def test_loss_and_lora_gradients_match_reference(case, loss_type, weighting, policy):
+    c = case(loss_type, weighting)
+    compare(c, policy, kl_times_ratio=c.trainer.args.use_bias_correction_kl)
+
+
+def test_both_kl_variants_match_reference(case):
+    """With the flag off TRL's KL is the paper's k3; the two variants' gradients differ, so the reference tells."""
+    c = case("dapo", True)
+    flag = c.trainer.args.use_bias_correction_kl
+    try:
+        c.trainer.args.use_bias_correction_kl = not flag
+        other = compare(c, "on", kl_times_ratio=not flag, trl_result=c.trl(c.inputs_for("on")))
+    finally:
+        c.trainer.args.use_bias_correction_kl = flag
+    this = c.reference("on", kl_times_ratio=flag)[2]
+    assert max(float((a - b).abs().max()) for a, b in zip(this, other)) > 1e-3 * max(float(g.abs().max()) for g in this)
+
+
+def test_environment_tokens_carry_no_loss_or_gradient(case):
+    """Wild old and reference log-probs on environment positions change nothing: the mask removes them.
+
+    The derivative with respect to the mask is non-zero there, so the zero contribution comes from the mask,
+    not from a loss that happens to vanish; and the same change on one model token does move the loss.
+    """
+    c = case("dapo", True)
+    env = c.env_positions
+    inputs = c.inputs_for("off")
+    loss, mask_grad, grads = c.trl_result("off")
+    assert float(mask_grad[env].abs().min()) > 0
+    old, ref = inputs["old_per_token_logps"], inputs["ref_per_token_logps"]
+    wild_loss, _, wild_grads = c.trl({**inputs, "old_per_token_logps": old - 5.0 * env,
+                                      "ref_per_token_logps": ref + 5.0 * env})
+    assert torch.equal(loss, wild_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, wild_grads, strict=True))
+    moved = old.clone()
+    moved[tuple(torch.nonzero(c.loss_positions)[0].tolist())] -= 5.0
+    with torch.no_grad():
+        assert not torch.equal(c.trainer.compute_loss(c.model, {**inputs, "old_per_token_logps": moved}), loss)
+
+
+def test_trainer_uses_the_papers_kl(case):
+    assert case("dapo", True).trainer.args.use_bias_correction_kl is False  # both variants verified above
+
+
+def test_log_probs_are_scored_at_the_rollout_temperature(tmp_path, tiny_model_dir):
+    c = Case(tmp_path, tiny_model_dir, "dapo", True, temperature=0.7)
+    assert torch.allclose(c.inputs["ref_per_token_logps"][c.loss_positions], c.pad(c.ref)[c.loss_positions], atol=1e-5)
