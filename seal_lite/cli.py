@@ -25,6 +25,7 @@ def main():
       seal-lite diagnose runs/quickstart     what went wrong, turn by turn
       seal-lite verify --input calls.jsonl   score any system's BFCL multi-turn calls
       seal-lite interface show runs/quickstart  the training interface, version by version
+      seal-lite doctor                       hardware, backends, models and a masking self-test
     """
 
 
@@ -105,6 +106,32 @@ def run(recipe, out, overrides, overwrite):
     except (RunMismatchError, ModelSourceError, PolicyBackendError) as error:
         raise click.ClickException(str(error)) from None
     print_summary(summary)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option("--model", metavar="SPEC", help="Model for the masking self-test (default: the quickstart's policy).")
+@click.option("--no-self-test", is_flag=True, help="Skip the masking self-test (about 20 s on 2 CPU cores).")
+def doctor(as_json, model, no_self_test):
+    """What this machine can run: hardware, backends, models, and a masking self-test.
+
+    The self-test rolls out a real BFCL task with the policy model inside the real trainer and checks that the
+    loss and its gradient come only from tokens the model generated, never from tool results or user turns.
+    Exits with status 1 when a required backend is missing or the self-test fails.
+
+    \b
+    Examples:
+      seal-lite doctor
+      seal-lite doctor --json --no-self-test
+    """
+    import json
+
+    from seal_lite.doctor import render_text, report
+
+    result = report(model, self_test=not no_self_test)
+    click.echo(json.dumps(result, indent=2) if as_json else render_text(result))
+    if not result["ok"]:
+        sys.exit(1)
 
 
 @main.command()

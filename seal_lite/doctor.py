@@ -139,36 +139,35 @@ def backends() -> dict:
 
 
 def seal_lite_pins() -> dict[str, str]:
-    """Canonical distribution name -> requirement (``trl==1.14.2``), from the installed metadata or pyproject."""
-    requirements = None
-    try:
-        requirements = importlib.metadata.requires("seal-lite")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    if requirements is None:
-        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-        if not pyproject.exists():
-            return {}
+    """Canonical distribution name -> requirement (``trl==1.14.2``): from pyproject.toml in a source checkout (an
+    editable install's metadata keeps the pins of the day it was installed), else from the installed metadata."""
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.exists():
         import tomllib
 
         project = tomllib.loads(pyproject.read_text())["project"]
         requirements = list(project.get("dependencies", []))
         for extra in project.get("optional-dependencies", {}).values():
             requirements += extra
+    else:
+        try:
+            requirements = importlib.metadata.requires("seal-lite") or []
+        except importlib.metadata.PackageNotFoundError:
+            return {}
+    from packaging.requirements import Requirement  # a dependency of transformers, accelerate and peft
+
     pins = {}
     for line in requirements:
-        text = line.split(";")[0].strip()  # drop the environment marker (extra == 'gpu')
-        name = text
-        for stop in "[<>=!~ ":
-            name = name.split(stop)[0]
-        specifier = text[len(name):].split("]")[-1].strip()
-        if specifier:
-            pins[_canonical(name)] = f"{name}{specifier}"
+        requirement = Requirement(line)  # extras ([server]) and markers (extra == 'gpu') are left out of the pin
+        if requirement.specifier:
+            pins[_canonical(requirement.name)] = f"{requirement.name}{requirement.specifier}"
     return pins
 
 
 def _canonical(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(name)
 
 
 def _version(distribution: str) -> str | None:
@@ -179,7 +178,7 @@ def _version(distribution: str) -> str | None:
 
 
 def _satisfies(version: str, pin: str) -> bool:
-    from packaging.requirements import Requirement  # a dependency of transformers, accelerate and peft
+    from packaging.requirements import Requirement
 
     return Requirement(pin).specifier.contains(version, prereleases=True)
 
@@ -192,12 +191,10 @@ def _cuda_visible() -> bool:
     return torch.cuda.is_available()
 
 
-def _training_backend(cuda: bool) -> dict | None:
-    """What ``policy.backend: auto`` picks here (None in a checkout without the backend chooser)."""
-    try:
-        from seal_lite.training.policy import choose_backend, installed_backends
-    except ImportError:
-        return None
+def _training_backend(cuda: bool) -> dict:
+    """What ``policy.backend: auto`` picks here."""
+    from seal_lite.training.policy import choose_backend, installed_backends
+
     backend, reason = choose_backend("auto", cuda, installed_backends())
     return {"backend": backend, "reason": reason}
 
@@ -250,7 +247,8 @@ class SelfTestResult:
     trajectories: int = 0
     model_tokens: int = 0  # tokens the policy generated, inside the completions
     env_tokens: int = 0  # environment tokens inside the completions (user turns, tool results, template glue)
-    max_env_grad: float | None = None  # max |dL/dlogit| at positions that predict a non-model token
+    tool_results: int = 0  # tool messages inside the completions (the rest is user turns and template glue)
+    max_env_grad: float | None = None  # max |dL/dlogit| on the logits that predict environment tokens
     min_model_grad: float | None = None  # per position: max over the vocabulary of |dL/dlogit|
     mean_model_grad: float | None = None
     loss: float | None = None
@@ -259,7 +257,7 @@ class SelfTestResult:
 
 def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", turns: int = 2,
                       num_generations: int = 2, max_new_tokens: int = 16, max_model_calls: int = 4,
-                      seed: int = 0, dtype: str = "float32", label: str | None = None) -> SelfTestResult:
+                      seed: int = 0, dtype: str = "auto", label: str | None = None) -> SelfTestResult:
     """Check on one real multi-turn GRPO step that only the tokens the policy generated carry loss and gradient.
 
     The model at ``model_dir`` rolls out ``num_generations`` trajectories of the real BFCL task ``task_id``, cut
@@ -279,55 +277,52 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
 
     This tests masking, not rewards: a small model usually earns reward 0 on every trajectory, so A = 0 and no
     gradient at all would flow. The advantages the loop computed are therefore replaced by +1/-1 within each
-    group before TRL sees them. Store and trainer output go to a temporary directory, deleted afterwards.
+    group before TRL sees them. The step trains in ``dtype`` (auto: the dtype a run would train in)
+    with the peft backend, and with beta = 0: at the first update the KL term has zero gradient anyway, and this
+    skips the reference model's forward pass. Store and trainer output go to a temporary directory, deleted
+    afterwards. About 25 s for smollm2-135m on 2 CPU cores.
     """
     from seal_lite.envs.bfcl import load_tasks
     from seal_lite.generation import TransformersGenerator
     from seal_lite.loop import SealStep
-    from seal_lite.recipe import PolicyConfig, load_recipe
+    from seal_lite.recipe import load_recipe
     from seal_lite.store import Store
+    from seal_lite.training.grpo import build_trainer
+    from seal_lite.training.policy import load_policy
 
     started = time.time()
     overrides = {
         "name": "doctor", "seed": seed, "data.task_ids": [task_id], "diagnoser.mode": "off",
         "grpo.tasks_per_step": 1, "grpo.steps": 1, "rollout.num_generations": num_generations,
         "rollout.max_turns": turns, "rollout.max_new_tokens": max_new_tokens,
-        "rollout.max_model_calls": max_model_calls, "policy.dtype": dtype,
+        "rollout.max_model_calls": max_model_calls, "policy.dtype": dtype, "grpo.beta": 0.0,
+        "policy.backend": "peft",  # the gradient probe reads the LM head's output (see _Probe)
     }
-    if "backend" in PolicyConfig.model_fields:
-        overrides["policy.backend"] = "peft"  # the gradient probe reads the LM head's output (see _Probe)
     recipe = load_recipe(None, overrides)
     task = load_tasks([task_id])[0].truncated(turns)
     result = SelfTestResult(False, "", label or model_dir, task_id)
     with tempfile.TemporaryDirectory(prefix="seal-lite-doctor-") as tmp:
-        step = SealStep(recipe, Store(Path(tmp) / "seal.db"), {task.id: task}, None)
+        store = Store(Path(tmp) / "seal.db")
+        step = SealStep(recipe, store, {task.id: task}, None)
         probe = _Probe(step, num_generations)
-        trainer, tokenizer = _build_trainer(model_dir, recipe, task.id, probe, str(Path(tmp) / "trl"))
-        step.generator = probe.recorder = _RecordingGenerator(TransformersGenerator(trainer.model, tokenizer))
+        policy = load_policy(model_dir, recipe)
+        trainer = build_trainer(policy, recipe, [task.id], probe, str(Path(tmp) / "trl"))
+        step.generator = probe.recorder = _RecordingGenerator(TransformersGenerator(trainer.model, policy.tokenizer))
         probe.attach(trainer)
         result.loss = float(trainer.train().training_loss)
         failures = probe.check(result)
+        result.tool_results = sum(_tool_results_inside(store.trajectory(row["id"])["messages"])
+                                  for row in store.trajectories())
     result.passed = not failures
     result.message = "; ".join(failures) or "ok"
     result.seconds = round(time.time() - started, 2)
     return result
 
 
-def _build_trainer(model_dir: str, recipe, task_id: str, seal_step, output_dir: str):
-    """(trainer, tokenizer) through this checkout's policy loader: ``training.policy.load_policy`` returning a
-    Policy for ``build_trainer(policy, ...)``, or the earlier ``grpo.load_policy`` pair for
-    ``build_trainer(model, tokenizer, ...)``."""
-    import inspect
-
-    from seal_lite.training import grpo
-
-    if next(iter(inspect.signature(grpo.build_trainer).parameters)) == "policy":
-        from seal_lite.training.policy import load_policy
-
-        policy = load_policy(model_dir, recipe)
-        return grpo.build_trainer(policy, recipe, [task_id], seal_step, output_dir), policy.tokenizer
-    model, tokenizer = grpo.load_policy(model_dir, recipe)
-    return grpo.build_trainer(model, tokenizer, recipe, [task_id], seal_step, output_dir), tokenizer
+def _tool_results_inside(messages: list[dict]) -> int:
+    """Tool messages that a later model message follows (the completion ends with the last model message)."""
+    last = max((index for index, message in enumerate(messages) if message["role"] == "assistant"), default=-1)
+    return sum(message["role"] == "tool" for message in messages[:last])
 
 
 class _RecordingGenerator:
@@ -345,14 +340,14 @@ class _RecordingGenerator:
 
 
 class _Probe:
-    """The SEAL step with +1/-1 advantages, plus captures of TRL's generation output, the batch ``compute_loss``
-    saw, and the gradient of the logits there (max |grad| over the vocabulary, per position)."""
+    """The SEAL step with +1/-1 advantages, plus captures of TRL's generation output, and of each batch
+    ``compute_loss`` saw with the gradient of its logits (max |grad| over the vocabulary, per position)."""
 
     def __init__(self, step, group: int):
         self.step, self.group = step, group
         self.recorder: _RecordingGenerator | None = None
-        self.batch = self.generation = self.inputs = None
-        self.logits_shapes, self.grads = [], []
+        self.batch = self.generation = None
+        self.losses: list[list] = []  # per compute_loss call: [inputs, gradient or None]
 
     def __call__(self, prompts: list[str]):
         batch = self.step(prompts)
@@ -373,11 +368,11 @@ class _Probe:
 
         def keep_gradient(module, args, logits):
             if logits.requires_grad:
-                self.logits_shapes.append(tuple(logits.shape))
-                logits.register_hook(lambda grad: self.grads.append(grad.detach().float().abs().amax(-1).cpu()))
+                record = self.losses[-1]
+                logits.register_hook(lambda grad: record.__setitem__(1, grad.detach().float().abs().amax(-1).cpu()))
 
         def loss_with_hook(model, inputs, *args, **kwargs):
-            self.inputs = inputs
+            self.losses.append([inputs, None])
             handle = head.register_forward_hook(keep_gradient)
             try:
                 return compute_loss(model, inputs, *args, **kwargs)
@@ -388,16 +383,12 @@ class _Probe:
         trainer.compute_loss = loss_with_hook
 
     def check(self, result: SelfTestResult) -> list[str]:
-        failures = []
-        batch, inputs = self.batch, self.inputs
-        if batch is None or inputs is None or self.generation is None:
+        batch, output = self.batch, self.generation
+        if batch is None or output is None or not self.losses:
             return ["the trainer never called the rollout function and the loss"]
-        if len(self.grads) != len(self.logits_shapes) or not self.grads:
+        if any(grad is None for _, grad in self.losses):
             return ["no gradient reached the logits in compute_loss"]
-        advantages = self.generation["advantages"].tolist()
-        if advantages != batch.advantages:
-            failures.append(f"TRL trained with advantages {advantages}, not the step's {batch.advantages}")
-        grads = self.grads[0] if len(self.grads) == 1 else _cat(self.grads)
+        failures = []
         truth = [self._generated_mask(prompt, completion)
                  for prompt, completion in zip(batch.prompt_ids, batch.completion_ids, strict=True)]
         result.trajectories = len(truth)
@@ -406,41 +397,46 @@ class _Probe:
         if result.model_tokens == 0 or result.env_tokens == 0:
             failures.append(f"the completions hold {result.model_tokens} model and {result.env_tokens} environment "
                             "tokens: both kinds are needed; use a task with more turns or more model calls")
+        advantages = output["advantages"].tolist()
+        if advantages != batch.advantages:
+            failures.append(f"TRL trained with advantages {advantages}, not the step's {batch.advantages}")
 
         # 1. The loop's env_mask marks exactly the generated tokens.
-        wrong = [sum(a != b for a, b in zip(mask, env, strict=True)) if len(mask) == len(env) else len(mask)
-                 for mask, env in zip(truth, batch.env_mask, strict=True)]
-        if any(wrong):
-            failures.append(f"the loop's env_mask disagrees with the generated tokens at {sum(wrong)} positions")
+        wrong = sum(sum(a != b for a, b in zip(mask, env)) + abs(len(mask) - len(env))
+                    for mask, env in zip(truth, batch.env_mask, strict=True))
+        if wrong:
+            failures.append(f"the loop's env_mask disagrees with the generated tokens at {wrong} positions")
 
-        # 2 and 3, per row of the batch compute_loss saw (TRL shuffles rows after generation).
-        loss_mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs[
-            "completion_mask"]
+        # 2. TRL's loss mask, in its generation output (rows in rollout order), is the batch's env_mask, padded with 0.
+        loss_mask = _loss_mask(output).tolist()
+        wrong = sum(sum(a != b for a, b in zip(row, env + [0] * (len(row) - len(env))))
+                    for row, env in zip(loss_mask, batch.env_mask, strict=True))
+        if wrong:
+            failures.append(f"TRL's loss mask (completion_mask * tool_mask) differs from the batch's env_mask at "
+                            f"{wrong} positions: loss on environment tokens or padding, or none on model tokens")
+
+        # 3. Gradients of the logits, per row of each batch compute_loss saw (TRL shuffles rows after generation).
         unused = list(range(len(truth)))
-        mask_errors, env_grads, other_grads, model_grads = 0, [], [], []
-        width = inputs["completion_ids"].shape[1]
-        for row in range(inputs["completion_ids"].shape[0]):
-            prompt = inputs["prompt_ids"][row][inputs["prompt_mask"][row].bool()].tolist()
-            length = int(inputs["completion_mask"][row].sum())
-            completion = inputs["completion_ids"][row][:length].tolist()
-            match = next((t for t in unused if batch.prompt_ids[t] == prompt and batch.completion_ids[t] == completion),
-                         None)
-            if match is None:
-                return failures + [f"row {row} of the loss batch is none of the rolled-out trajectories"]
-            unused.remove(match)
-            expected = truth[match] + [0] * (width - length)
-            mask_errors += sum(int(a) != b for a, b in zip(loss_mask[row].tolist(), expected, strict=True))
+        env_grads, other_grads, model_grads = [], [], []
+        for inputs, grads in self.losses:
+            width = inputs["completion_ids"].shape[1]
             kept = grads.shape[1]  # logits kept for the last `kept` positions of prompt + completion
-            for k in range(kept):
-                target = width - kept + k + 1  # completion index of the token these logits predict
-                value = float(grads[row, k])
-                if 0 <= target < length:
-                    (model_grads if truth[match][target] else env_grads).append(value)
-                else:
-                    other_grads.append(value)  # predicts a prompt token, padding, or nothing (the last position)
-        if mask_errors:
-            failures.append(f"TRL's loss mask (completion_mask * tool_mask) is wrong at {mask_errors} positions "
-                            "(loss on environment tokens or padding, or none on model tokens)")
+            for row in range(inputs["completion_ids"].shape[0]):
+                prompt = inputs["prompt_ids"][row][inputs["prompt_mask"][row].bool()].tolist()
+                length = int(inputs["completion_mask"][row].sum())
+                completion = inputs["completion_ids"][row][:length].tolist()
+                match = next((t for t in unused
+                              if batch.prompt_ids[t] == prompt and batch.completion_ids[t] == completion), None)
+                if match is None:
+                    return failures + ["a row of the loss batch is none of the rolled-out trajectories"]
+                unused.remove(match)
+                for k in range(kept):
+                    target = width - kept + k + 1  # logits at position t predict token t + 1: this completion index
+                    value = float(grads[row, k])
+                    if 0 <= target < length:
+                        (model_grads if truth[match][target] else env_grads).append(value)
+                    else:
+                        other_grads.append(value)  # predicts a prompt token, padding, or nothing (the last position)
         result.max_env_grad = max(env_grads, default=0.0)
         if model_grads:
             result.min_model_grad = min(model_grads)
@@ -466,10 +462,9 @@ class _Probe:
         return mask[len(prompt):]
 
 
-def _cat(tensors):
-    import torch
-
-    return torch.cat(tensors, dim=0)
+def _loss_mask(output: dict):
+    """The mask TRL's loss uses (GRPOTrainer._compute_loss): completion_mask, times tool_mask when present."""
+    return output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
 
 
 # --- the report -----------------------------------------------------------------------------------------------
@@ -486,7 +481,7 @@ def report(self_test_model: str | None = None, *, self_test: bool = True, **self
     """Everything ``seal-lite doctor`` shows, as one JSON-serialisable dict.
 
     ``self_test_model`` is a model spec as in ``policy.model`` (registry name, directory, .gguf file, hub id);
-    None means the default recipe's policy model. ``self_test=False`` skips the self-test (about 10 s on 2 CPU
+    None means the default recipe's policy model. ``self_test=False`` skips the self-test (about 20 s on 2 CPU
     cores for smollm2-135m). Extra keyword arguments go to ``masking_self_test``. ``ok`` is False when a required
     backend is missing or mis-pinned, or the self-test failed.
     """
@@ -577,10 +572,22 @@ def render_text(report: dict, *, ascii: bool = False) -> str:
         else:
             item(no, "FAILED", f"{where}, {test['seconds']} s: {test['message']}")
         if test["trajectories"]:
-            item(dash, "tokens", f"{test['model_tokens']} model, {test['env_tokens']} environment (in completions)")
+            item(dash, "tokens", f"{test['model_tokens']} model, {test['env_tokens']} environment inside the "
+                                 f"completions ({test['tool_results']} tool results)")
             model_grad = ("none" if test["min_model_grad"] is None
                           else f"min {test['min_model_grad']:.3g}, mean {test['mean_model_grad']:.3g}")
             item(dash, "|grad| of logits", f"environment positions max {test['max_env_grad']:.3g}; "
                                            f"model positions {model_grad}")
-    lines += ["", f"{yes if report['ok'] else no} {'all checks passed' if report['ok'] else 'some checks failed'}"]
+    lines += ["", _verdict(report, yes, no)]
     return "\n".join(lines)
+
+
+def _verdict(report: dict, yes: str, no: str) -> str:
+    broken = [row["name"] for row in report["backends"]["packages"] if row["role"] == "required" and not row["ok"]]
+    test = report["self_test"]
+    problems = ([f"fix the backends {', '.join(broken)}"] if broken else []) + (
+        ["the masking self-test failed"] if test is not None and not test["passed"] else [])
+    if problems:
+        return f"{no} not ready to train: {'; '.join(problems)}"
+    checked = "masking verified" if test is not None else "masking self-test skipped"
+    return f"{yes} ready to train: required backends present, {checked}"

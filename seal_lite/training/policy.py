@@ -95,7 +95,7 @@ def pick_dtype(name: str, cuda_available: bool = False):
 
     if name == "float32":
         return torch.float32
-    if name == "auto" and cuda_available and not torch.cuda.is_bf16_supported():
+    if name == "auto" and cuda_available and not torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.float16  # a T4 has no bf16
     return torch.bfloat16  # ~1.7x faster than float32 on CPU, native on recent GPUs
 
