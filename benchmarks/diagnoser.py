@@ -22,7 +22,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from seal_lite.agent import rollout_group
-from seal_lite.diagnosis.diagnoser import Diagnoser, failed_turns, resolve_gguf
+from seal_lite.diagnosis.diagnoser import Diagnoser, failed_turns
+from seal_lite.models import resolve_gguf
 from seal_lite.diagnosis.explainer import FailedTurn
 from seal_lite.diagnosis.verifier import diagnose_episode
 from seal_lite.envs.bfcl import load_tasks
@@ -48,7 +49,7 @@ def collect_corpus(num_tasks: int, threads: int) -> list[dict]:
     corpus, seen = [], set()
     for model in MODELS:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
-        generator = LlamaCppGenerator(resolve_gguf(model), tokenizer, n_threads=threads)
+        generator = LlamaCppGenerator(resolve_gguf(model, "model"), tokenizer, n_threads=threads)
         for task in tasks:
             for trajectory in rollout_group(task, rollout.num_generations, generator, rollout, recipe.interface):
                 diagnosis = diagnose_episode(task, trajectory.turns)
@@ -74,7 +75,7 @@ def measure(model: str, items: list[dict], threads: int, blind: bool) -> tuple[d
     turns = [as_turn(item) for item in items]
     if blind:  # the prompt normally names the rule label, which a model can copy; here it has only the evidence
         turns = [replace(turn, rule_label="(withheld)", rule_cause=None) for turn in turns]
-    with Diagnoser(config, resolve_gguf(model)) as diagnoser:
+    with Diagnoser(config, resolve_gguf(model, "model")) as diagnoser:
         started = time.monotonic()
         answers, report = diagnoser.explain(turns)
         seconds = time.monotonic() - started

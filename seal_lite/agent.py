@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from seal_lite import profile
 from seal_lite.envs.bfcl import CallOutcome, Environment, Task, TurnRecord
 from seal_lite.interface import TrainingInterface, observation, render_view, reveal_message
 from seal_lite.recipe import RolloutConfig
@@ -18,7 +19,8 @@ from seal_lite.recipe import RolloutConfig
 
 class Generator(Protocol):
     """A policy that continues token sequences. Returns only the new ids, ending with a stop token if one
-    was produced."""
+    was produced. A generator that samples with another engine than the trained model (llama.cpp) also sets
+    ``sampled_logprobs``: the log-probability of each returned token under that engine."""
 
     tokenizer: object
 
@@ -36,6 +38,7 @@ class Trajectory:
     turns: list[TurnRecord]
     num_model_calls: int = 0
     stop_reason: str = "done"  # done | call_budget | context
+    sampled_logprobs: list[float] | None = None  # aligned with completion_ids (0 on env tokens); llama.cpp only
 
     def steps_per_turn(self) -> list[list[list[str]]]:
         return [turn.checker_steps() for turn in self.turns]
@@ -50,19 +53,23 @@ class TokenConversation:
         self.text = self._render()
         self.ids = self._encode(self.text)
         self.mask = [0] * len(self.ids)
+        self.logprobs = [0.0] * len(self.ids)  # the sampling engine's log-probs of generated tokens, else 0
         self.prompt_length = len(self.ids)
 
     def _render(self) -> str:
-        return self.tokenizer.apply_chat_template(self.messages, tokenize=False, add_generation_prompt=True)
+        with profile.phase("render"):
+            return self.tokenizer.apply_chat_template(self.messages, tokenize=False, add_generation_prompt=True)
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        with profile.phase("render"):
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def add_model_tokens(self, new_ids: list[int]) -> str:
-        """Append generated ids (loss mask 1); return the message text."""
+    def add_model_tokens(self, new_ids: list[int], logprobs: list[float] | None = None) -> str:
+        """Append generated ids (loss mask 1) and their sampling log-probs if known; return the message text."""
         content = self.tokenizer.decode(new_ids, skip_special_tokens=True)
         self.ids += new_ids
         self.mask += [1] * len(new_ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(new_ids)
         self.text += self.tokenizer.decode(new_ids, skip_special_tokens=False)
         self.messages.append({"role": "assistant", "content": content})
         return content
@@ -81,6 +88,7 @@ class TokenConversation:
         new_ids = self._encode(delta)
         self.ids += new_ids
         self.mask += [0] * len(new_ids)
+        self.logprobs += [0.0] * len(new_ids)
         self.text = full
 
     def completion(self) -> tuple[list[int], list[int]]:
@@ -124,14 +132,19 @@ def rollout_group(
                      [TurnRecord(first_user)])
         )
     while active := [e for e in episodes if e.stop_reason is None]:
-        new_ids = generator.generate([e.conversation.ids for e in active], rollout.max_new_tokens, rollout.temperature)
-        for episode, ids in zip(active, new_ids, strict=True):
-            _advance(episode, ids, task, rollout, interface)
-    return [_trajectory(task, e) for e in episodes]
+        with profile.phase("generate"):
+            new_ids = generator.generate([e.conversation.ids for e in active], rollout.max_new_tokens,
+                                         rollout.temperature)
+        logprobs = getattr(generator, "sampled_logprobs", None) or [None] * len(active)
+        for episode, ids, token_logprobs in zip(active, new_ids, logprobs, strict=True):
+            _advance(episode, ids, token_logprobs, task, rollout, interface)
+    sampled = getattr(generator, "sampled_logprobs", None) is not None
+    return [_trajectory(task, e, sampled) for e in episodes]
 
 
-def _trajectory(task: Task, e: _Episode) -> Trajectory:
+def _trajectory(task: Task, e: _Episode, sampled: bool) -> Trajectory:
     completion_ids, env_mask = e.conversation.completion()
+    start = e.conversation.prompt_length
     return Trajectory(
         task_id=task.id,
         group_index=e.index,
@@ -142,6 +155,7 @@ def _trajectory(task: Task, e: _Episode) -> Trajectory:
         turns=e.turns,
         num_model_calls=e.model_calls,
         stop_reason=e.stop_reason,
+        sampled_logprobs=e.conversation.logprobs[start : start + len(completion_ids)] if sampled else None,
     )
 
 
@@ -152,12 +166,14 @@ def _user_text(task: Task, turn: int, interface: TrainingInterface) -> str:
     return text
 
 
-def _advance(e: _Episode, ids: list[int], task: Task, rollout: RolloutConfig, interface: TrainingInterface):
+def _advance(e: _Episode, ids: list[int], logprobs: list[float] | None, task: Task, rollout: RolloutConfig,
+             interface: TrainingInterface):
     """Apply one model message to an episode: execute its calls, then continue the turn or open the next."""
-    content = e.conversation.add_model_tokens(ids)
+    content = e.conversation.add_model_tokens(ids, logprobs)
     e.model_calls += 1
     e.calls_in_turn += 1
-    outcomes = e.env.run(content, e.turn)
+    with profile.phase("environment"):
+        outcomes = e.env.run(content, e.turn)
     if outcomes:
         e.turns[e.turn].outcomes_per_step.append(outcomes)
     visible = [doc["name"] for doc in task.visible_functions(e.turn)]

@@ -39,11 +39,11 @@ class RichProgress:
     def __exit__(self, *exc):
         return self.bars.__exit__(*exc)
 
-    def run_started(self, resumed_after: int, backend: str) -> None:
+    def run_started(self, resumed_after: int, setup: str) -> None:
         if resumed_after:
-            console.print(f"Resuming after step {resumed_after} (its checkpoint); policy backend: {backend}")
+            console.print(f"Resuming after step {resumed_after} (its checkpoint); {setup}")
         else:
-            console.print(f"Policy backend: {backend}")
+            console.print(setup[0].upper() + setup[1:])
 
     def step_started(self, step: int, num_tasks: int) -> None:
         self.bar = self.bars.add_task(f"step {step}/{self.total_steps} rollouts", total=num_tasks, status="")

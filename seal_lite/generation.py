@@ -5,7 +5,12 @@ Batched with left padding; each returned sequence is cut right after its first s
 
 from __future__ import annotations
 
+import time
+
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from seal_lite import profile
 
 
 class TransformersGenerator:
@@ -22,8 +27,11 @@ class TransformersGenerator:
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=self.model.device)
         was_training = self.model.training
         self.model.eval()
+        first_token = _FirstCall()
+        started = time.perf_counter()
         try:
             output = self.model.generate(
+                logits_processor=LogitsProcessorList([first_token]),
                 input_ids=input_ids,
                 attention_mask=attention,
                 max_new_tokens=max_new_tokens,
@@ -36,6 +44,9 @@ class TransformersGenerator:
             )
         finally:
             self.model.train(was_training)
+        prefill_end = first_token.at or time.perf_counter()
+        profile.add("prefill", prefill_end - started)  # reading the prompts, up to the first token's logits
+        profile.add("decode", time.perf_counter() - prefill_end)
         return [self._cut(row[width:].tolist()) for row in output]
 
     def _cut(self, ids: list[int]) -> list[int]:
@@ -43,6 +54,17 @@ class TransformersGenerator:
             if token in self.stop_ids:
                 return ids[: position + 1]
         return ids
+
+
+class _FirstCall(LogitsProcessor):
+    """Notes when the first logits arrive: the end of the prompt's forward pass."""
+
+    at: float | None = None
+
+    def __call__(self, input_ids, scores):
+        if self.at is None:
+            self.at = time.perf_counter()
+        return scores
 
 
 def _stop_ids(tokenizer, model) -> set[int]:

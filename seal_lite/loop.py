@@ -29,13 +29,15 @@ from typing import Protocol
 
 from filelock import FileLock, Timeout
 
+from seal_lite import profile
 from seal_lite.agent import Generator, Trajectory, rollout_group
-from seal_lite.diagnosis.diagnoser import Diagnoser, Explanation, StepReport, failed_turns, resolve_gguf
+from seal_lite.diagnosis.diagnoser import Diagnoser, Explanation, StepReport, failed_turns
 from seal_lite.diagnosis.explainer import argument_values, redact_unseen_values
 from seal_lite.diagnosis.labels import EXCLUDED_LABELS
 from seal_lite.diagnosis.verifier import EpisodeDiagnosis, diagnose_episode
 from seal_lite.envs.bfcl import Task, load_tasks
 from seal_lite.interface import SCHEMA_CUE_LINE, TrainingInterface, capability_guidelines
+from seal_lite.models import resolve_gguf
 from seal_lite.recipe import Recipe
 from seal_lite.store import Store
 from seal_lite.training.advantages import (
@@ -56,17 +58,18 @@ class RolloutBatch:
     env_mask: list[list[int]]
     rewards: list[float]
     advantages: list[float]  # already multiplied by the diagnosis weights
+    sampled_logprobs: list[list[float]] | None = None  # the rollout engine's, when it is not the trained model
 
 
 class Progress(Protocol):
-    def run_started(self, resumed_after: int, backend: str) -> None: ...
+    def run_started(self, resumed_after: int, setup: str) -> None: ...
     def step_started(self, step: int, num_tasks: int) -> None: ...
     def task_done(self, task_id: str, rewards: list[float]) -> None: ...
     def step_finished(self, step: int, metrics: dict[str, float]) -> None: ...
 
 
 class NoProgress:
-    def run_started(self, resumed_after, backend): pass
+    def run_started(self, resumed_after, setup): pass
     def step_started(self, step, num_tasks): pass
     def task_done(self, task_id, rewards): pass
     def step_finished(self, step, metrics): pass
@@ -135,6 +138,7 @@ class SealStep:
         self.interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
         self.version = 1
         self.diagnoser_hints: dict[str, str] = {}  # failure label -> latest hint of the local diagnoser
+        self.sync_policy = lambda step: None  # hands the rollout engine the current policy (llama.cpp: a new LoRA)
         self.store.save_interface_version(self._version_row(self.interface, self.version, None))
 
     def state(self) -> dict:
@@ -160,6 +164,9 @@ class SealStep:
         if (self.step - 1) % self.steps_per_epoch == 0:
             self.statistics.reset_window()  # the window statistics restart every epoch (§2 step 6)
         self.progress.step_started(self.step, len(task_ids))
+        profile.take()  # the step's phases start now
+        with profile.phase("sync"):
+            self.sync_policy(self.step)
 
         trajectories, diagnoses = [], []
         for task_id in task_ids:
@@ -171,7 +178,8 @@ class SealStep:
                 # 4. Verify: the official BFCL multi-turn verdict is the reward.
                 # 5. Diagnose every ground-truth turn from executable evidence.
                 trajectories.append(trajectory)
-                diagnoses.append(diagnose_episode(task, trajectory.turns))
+                with profile.phase("verify"):
+                    diagnoses.append(diagnose_episode(task, trajectory.turns))
             self.progress.task_done(task_id, [float(d.valid) for d in diagnoses[-G:]])
         rewards = [1.0 if d.valid else 0.0 for d in diagnoses]
         # 5b. The local model explains new failures; its label counts only if the recipe makes it the authority.
@@ -207,6 +215,8 @@ class SealStep:
             env_mask=[t.env_mask for t in trajectories],
             rewards=rewards,
             advantages=final,
+            sampled_logprobs=([t.sampled_logprobs for t in trajectories]
+                              if all(t.sampled_logprobs is not None for t in trajectories) else None),
         )
 
     def _evolve_interface(self, explained, diagnoses) -> tuple[TrainingInterface, int] | None:
@@ -305,6 +315,7 @@ class SealStep:
         metrics |= {f"labels/{label}": n for label, n in counts.items()}
         metrics |= {f"labels/{label}_rate": n / counted for label, n in counts.items() if label not in EXCLUDED_LABELS}
         metrics |= {f"rho/{label}": value for label, value in self.utilities.items()}
+        metrics |= {f"time/{name}_s": seconds for name, seconds in profile.take().items()}
         step_row = {
             "step": self.step,
             "started_at": started,
@@ -321,8 +332,12 @@ class SealStep:
             if pairs:  # how often the model's label agrees with the rule label
                 metrics["diagnoser/label_agreement"] = sum(model == rule for model, rule in pairs) / len(pairs)
         version_row = self._version_row(*new_version, self.version) if new_version else None
+        started_store = time.perf_counter()
         self.store.save_step(step_row, rows, turn_rows, metrics, [answer.row() for answer in report.new] if report else [],
                              version_row)
+        metrics["time/store_s"] = time.perf_counter() - started_store
+        self.store.save_metrics(self.step, {"time/store_s": metrics["time/store_s"]})
+        self.rollouts_done_at = time.time()
         return metrics
 
 
@@ -384,9 +399,49 @@ def _diagnoser(recipe: Recipe, store: Store):
     if recipe.diagnoser.mode == "off":
         yield None
         return
-    model_path = resolve_gguf(recipe.diagnoser.model) if recipe.diagnoser.mode != "url" else ""
+    model_path = resolve_gguf(recipe.diagnoser.model, "diagnoser.model") if recipe.diagnoser.mode != "url" else ""
     with Diagnoser(recipe.diagnoser, model_path, lookup=store.diagnosis) as diagnoser:
         yield diagnoser
+
+
+def rollout_backend(recipe: Recipe) -> str:
+    """``rollout.backend`` with auto resolved: llama.cpp on a CPU when the policy comes from a GGUF."""
+    if recipe.rollout.backend != "auto":
+        return recipe.rollout.backend
+    import torch
+
+    from seal_lite.models import REGISTRY
+
+    is_gguf = recipe.policy.model in REGISTRY or recipe.policy.model.endswith(".gguf")
+    return "llamacpp" if is_gguf and not torch.cuda.is_available() else "transformers"
+
+
+@contextlib.contextmanager
+def _rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path):
+    """(generator, sync): who plays the rollouts, and how it gets the current policy before each step.
+
+    transformers generates with the LoRA-wrapped model TRL trains, so it is always current. llama.cpp serves the
+    policy's GGUF plus a LoRA GGUF exported from the trained adapter before every step.
+    """
+    if rollout_backend(recipe) == "transformers":
+        from seal_lite.generation import TransformersGenerator
+
+        yield TransformersGenerator(model, tokenizer), lambda step: None
+        return
+    from seal_lite.gguf_lora import export_lora_gguf
+    from seal_lite.llamacpp import LlamaCppGenerator
+
+    base = resolve_gguf(recipe.policy.model, "policy.model (rollout.backend llamacpp)")
+    generator = LlamaCppGenerator(base, tokenizer, n_ctx=recipe.rollout.max_context_tokens, seed=recipe.seed)
+
+    def sync(step: int) -> None:
+        generator.load_adapter(str(export_lora_gguf(model, Path(base), out_dir / "rollout-lora.gguf")))
+        generator.reseed(recipe.seed, step)  # a resumed run samples step N exactly as the first attempt did
+
+    try:
+        yield generator, sync
+    finally:
+        generator.close()
 
 
 class RunMismatchError(ValueError):
@@ -452,7 +507,6 @@ def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> Run
 
 
 def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> RunSummary:
-    from seal_lite.generation import TransformersGenerator
     from seal_lite.models import resolve_model
     from seal_lite.training.policy import load_policy
 
@@ -483,16 +537,16 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
             seal_step = SealStep(recipe, store, tasks, None, progress, diagnoser)
             if checkpoint:
                 seal_step.restore(checkpoint["seal_state"])
-            progress.run_started(seal_step.step, policy.backend)
+            progress.run_started(seal_step.step, f"policy {policy.backend}, rollouts {rollout_backend(recipe)}")
 
             def commit(step: int, directory: str) -> None:
                 store.commit_checkpoint(step, str(Path(directory).relative_to(out_dir)), seal_step.state())
 
             trainer = build_trainer(policy, recipe, task_ids, seal_step, str(out_dir / "checkpoints"),
-                                    callbacks=[StoreCallback(store, updates), CheckpointCallback(commit, updates)])
-            # The generator must use the LoRA-wrapped model TRL built, so rollouts come from the current policy.
-            seal_step.generator = TransformersGenerator(trainer.model, policy.tokenizer)
-            trainer.train(resume_from_checkpoint=str(out_dir / checkpoint["path"]) if checkpoint else None)
+                                    callbacks=[StoreCallback(store, updates, seal_step), CheckpointCallback(commit, updates)])
+            with _rollout_engine(recipe, trainer.model, policy.tokenizer, out_dir) as (generator, sync):
+                seal_step.generator, seal_step.sync_policy = generator, sync
+                trainer.train(resume_from_checkpoint=str(out_dir / checkpoint["path"]) if checkpoint else None)
         trainer.save_model(str(out_dir / "adapter"))
     except BaseException:
         store.finish_run(recipe.name, "failed", time.time() - started)

@@ -104,6 +104,17 @@ def converted_dir(gguf: Path, label: str) -> Path:
     return cache_dir() / "models" / f"{label}-{key[:12]}"
 
 
+def resolve_gguf(spec: str, field: str) -> str:
+    """A model spec (registry name or .gguf path) as a GGUF file for llama.cpp; ``field`` names the recipe field
+    in the error."""
+    if spec in REGISTRY:
+        return str(gguf_path(spec))
+    if spec.endswith(".gguf") and Path(spec).is_file():
+        return spec
+    raise ModelSourceError(f"{field} {spec!r} is neither a registry name ({', '.join(REGISTRY)}) nor an existing "
+                           ".gguf file; llama.cpp needs a GGUF")
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as source:

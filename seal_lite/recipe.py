@@ -66,6 +66,16 @@ class RolloutConfig(_Section):
         2, ge=1, description="Play at most this many user turns per task (None: all). Keeps CPU runs short."
     )
     max_context_tokens: int = Field(4096, ge=256, description="Stop the episode before the context exceeds this.")
+    backend: Literal["auto", "transformers", "llamacpp"] = Field(
+        "auto",
+        description="Who generates rollouts: transformers (the trained model itself) or llamacpp (the policy's "
+        "GGUF plus its current LoRA, exported after every update; faster on a CPU, needs a registry model or "
+        ".gguf). auto: llamacpp without a GPU when the model is a GGUF, else transformers.",
+    )
+    max_logprob_gap: float = Field(
+        1.0, gt=0.0, description="llamacpp only: a generated token whose log-probability under llama.cpp and under "
+        "the trained model differ by more than this carries no loss (the two engines disagree on it).",
+    )
 
 
 class InterfaceConfig(_Section):

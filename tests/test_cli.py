@@ -96,3 +96,9 @@ def test_small_real_run_prints_what_the_store_holds(tmp_path):
     assert (low, high) == (round(steps[0]["weight_min"], 2), round(steps[0]["weight_max"], 2))
     assert row("database") == str(out / "seal.db")
     assert steps[0]["loss"] is not None and (out / "adapter" / "adapter_config.json").exists()
+
+    # on a CPU the default rollout engine is llama.cpp with the exported LoRA; the engines' agreement is logged
+    assert "rollouts llamacpp" in text
+    metrics = dict(db.execute("select name, value from metrics where step = 1").fetchall())
+    assert 0 <= metrics["grpo/engine/logprob_gap_mean"] < 1.0
+    assert metrics["time/prefill_s"] > 0 and metrics["time/decode_s"] > 0 and metrics["time/update_s"] > 0

@@ -98,3 +98,33 @@ def test_mini_batches_and_ppo_epochs_map_onto_seal_steps(tmp_path, tiny_model_di
     rows = list(store.db["checkpoints"].rows_where(order_by="step"))
     assert [(r["step"], r["path"]) for r in rows] == [(1, "checkpoints/checkpoint-4"), (2, "checkpoints/checkpoint-8")]
     assert json.loads(rows[-1]["seal_state"])["step"] == 2
+
+
+@pytest.mark.parametrize(("max_gap", "filtered"), [(1.0, 1.0), (100.0, 0.0)])
+def test_tokens_the_two_engines_disagree_on_carry_no_loss(tmp_path, tiny_model_dir, max_gap, filtered):
+    """A rollout engine claiming log-prob 0 for every token disagrees with a random model (about -10.8) by far
+    more than 1 nat: with max_logprob_gap 1 every token leaves the loss and LoRA stays put; with 100 none do."""
+
+    class ClaimsCertainty(ScriptedGenerator):
+        def generate(self, batch, max_new_tokens, temperature):
+            out = super().generate(batch, max_new_tokens, temperature)
+            self.sampled_logprobs = [[0.0] * len(ids) for ids in out]
+            return out
+
+    recipe = load_recipe(None, {
+        "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.beta": 0.0,
+        "grpo.learning_rate": 1e-2, "rollout.num_generations": 2, "rollout.max_turns": 1, "policy.dtype": "float32",
+        "rollout.max_logprob_gap": max_gap,
+    })
+    task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
+    store = Store(tmp_path / "seal.db")
+    policy = load_policy(tiny_model_dir, recipe)
+    scripts = [[tool_call_text(task.ground_truth[0]), "Done."], [tool_call_text(["mkdir(dir_name='x')"]), "Done."]]
+    seal_step = SealStep(recipe, store, {task.id: task}, ClaimsCertainty(policy.tokenizer, scripts))
+    trainer = grpo.build_trainer(policy, recipe, [task.id], seal_step, str(tmp_path / "trl"),
+                                 callbacks=[grpo.StoreCallback(store, updates=1)])
+    trainer.train()
+    assert store.metrics("grpo/engine/filtered_share") == [(1, filtered)]
+    assert store.metrics("grpo/engine/logprob_gap_mean")[0][1] > 5
+    moved = any(torch.count_nonzero(p) > 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
+    assert moved == (filtered == 0.0)

@@ -208,15 +208,3 @@ def failed_turns(task: Task, records: list[TurnRecord], diagnosis: EpisodeDiagno
             hidden_values=hidden,
         )
     return cases
-
-
-def resolve_gguf(spec: str) -> str:
-    """A diagnoser model spec (registry name or .gguf path) as a GGUF path."""
-    from seal_lite.models import REGISTRY, ModelSourceError, gguf_path
-
-    if spec in REGISTRY:
-        return str(gguf_path(spec))
-    if spec.endswith(".gguf") and Path(spec).is_file():
-        return spec
-    raise ModelSourceError(f"diagnoser.model {spec!r} is neither a registry name ({', '.join(REGISTRY)}) "
-                           "nor an existing .gguf file")

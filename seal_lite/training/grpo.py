@@ -42,10 +42,11 @@ def updates_per_step(recipe: Recipe) -> int:
 
 
 class StoreCallback(TrainerCallback):
-    """Write TRL's per-step training figures (loss, KL, clip ratios, LoRA norm) into the run's store."""
+    """Write TRL's per-step training figures (loss, KL, clip ratios, LoRA norm) into the run's store, and the
+    seconds the update took after the step's rollouts (``seal_step.rollouts_done_at``)."""
 
-    def __init__(self, store, updates: int):
-        self.store, self.updates = store, updates
+    def __init__(self, store, updates: int, seal_step=None):
+        self.store, self.updates, self.seal_step = store, updates, seal_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs or state.global_step == 0:
@@ -55,6 +56,8 @@ class StoreCallback(TrainerCallback):
         model = kwargs.get("model")
         if model is not None:
             metrics["grpo/lora_norm"] = lora_norm(model)
+        if getattr(self.seal_step, "rollouts_done_at", None):
+            metrics["time/update_s"] = time.time() - self.seal_step.rollouts_done_at
         self.store.save_metrics(step, metrics)
         self.store.update_step(step, {"loss": float(logs["loss"]), "finished_at": time.time()})
 
@@ -81,12 +84,42 @@ class SealGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantages are the SEAL-weighted ones of the current rollout batch."""
 
     seal_batch: RolloutBatch | None = None
+    max_logprob_gap: float = 1.0
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         advantages = torch.tensor(self.seal_batch.advantages, dtype=output["advantages"].dtype)
         output["advantages"] = advantages.to(output["advantages"].device)
+        if self.seal_batch.sampled_logprobs is not None:
+            self._filter_engine_gap(output)
         return output
+
+    @torch.no_grad()
+    def _filter_engine_gap(self, output) -> None:
+        """Rollouts sampled by llama.cpp: compare its log-probs with the trained model's on every generated
+        token, log the agreement, and take out of the loss the tokens where they differ by more than
+        ``max_logprob_gap`` (the update would otherwise push on tokens the policy itself would not have produced
+        with that probability)."""
+        completion = output["completion_ids"]
+        trained = output.get("old_per_token_logps")  # TRL computed them when the step has several mini-batches
+        if trained is None:  # on-policy: one extra forward pass, about a sixth of the update's time
+            input_ids = torch.cat([output["prompt_ids"], completion], dim=1)
+            attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+            trained = self._get_per_token_logps_and_entropies(self.model, input_ids, attention, completion.size(1),
+                                                             batch_size=self.args.per_device_train_batch_size)[0]
+        sampled = torch.zeros_like(trained)
+        for row, logprobs in enumerate(self.seal_batch.sampled_logprobs):
+            sampled[row, : len(logprobs)] = torch.tensor(logprobs[: completion.size(1)], dtype=trained.dtype)
+        mask = output["completion_mask"] * output["tool_mask"]
+        gap = (trained - sampled).abs()[mask.bool()]
+        keep = (trained - sampled).abs() <= self.max_logprob_gap
+        output["tool_mask"] = output["tool_mask"] * keep.to(output["tool_mask"].dtype)
+        output["num_items_in_batch"] = (output["completion_mask"] * output["tool_mask"]).sum()  # dapo's normaliser
+        if gap.numel():
+            metrics = self._metrics["train"]
+            metrics["engine/logprob_gap_mean"].append(gap.mean().item())
+            metrics["engine/logprob_gap_max"].append(gap.max().item())
+            metrics["engine/filtered_share"].append((gap > self.max_logprob_gap).float().mean().item())
 
 
 def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step: StepFunction,
@@ -151,4 +184,5 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         callbacks=list(callbacks),
     )
     trainer.remove_callback(PrinterCallback)  # the run shows its own progress; figures go to the store
+    trainer.max_logprob_gap = recipe.rollout.max_logprob_gap
     return trainer
