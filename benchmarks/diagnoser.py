@@ -23,10 +23,10 @@ from pathlib import Path
 
 from seal_lite.agent import rollout_group
 from seal_lite.diagnosis.diagnoser import Diagnoser, failed_turns
-from seal_lite.models import resolve_gguf
 from seal_lite.diagnosis.explainer import FailedTurn
 from seal_lite.diagnosis.verifier import diagnose_episode
 from seal_lite.envs.bfcl import load_tasks
+from seal_lite.models import resolve_gguf
 from seal_lite.recipe import DiagnoserConfig, Recipe
 
 ROOT = Path(__file__).parent.parent

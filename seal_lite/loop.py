@@ -7,7 +7,9 @@ advantages returned here (seal_lite/training/grpo.py).
 Deviations from the paper, each on purpose:
 * LoRA on a small model on CPU instead of full fine-tuning of 3-8B models on 4 GPUs; hence a larger learning
   rate (recipe default 2e-5 instead of 1e-6).
-* Rollouts with transformers ``generate`` on the policy itself, batched over the G trajectories of a task.
+* On a CPU, rollouts by llama.cpp from the policy's GGUF plus its current LoRA (``rollout.backend``), with
+  tokens the two engines disagree on filtered out of the loss; otherwise transformers ``generate`` on the
+  policy itself, batched over the G trajectories of a task.
 * All three interface components can be on (the paper's published runs kept only phi_schema, statically);
   phi_cap changes with the failure statistics, and every change is a new interface version in the store.
 * ``rollout.max_turns`` may cut tasks to their first turns (with their ground truth) to fit a CPU budget;

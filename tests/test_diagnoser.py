@@ -14,10 +14,10 @@ from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite.cli import main
 from seal_lite.diagnosis.diagnoser import Diagnoser, failed_turns
-from seal_lite.models import resolve_gguf
 from seal_lite.diagnosis.verifier import diagnose_episode
 from seal_lite.envs.bfcl import load_tasks, replay_calls
 from seal_lite.loop import SealStep
+from seal_lite.models import resolve_gguf
 from seal_lite.recipe import DiagnoserConfig, Recipe
 from seal_lite.store import Store
 
