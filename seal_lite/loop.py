@@ -141,6 +141,7 @@ class SealStep:
         self.version = 1
         self.diagnoser_hints: dict[str, str] = {}  # failure label -> latest hint of the local diagnoser
         self.sync_policy = lambda step: None  # hands the rollout engine the current policy (llama.cpp: a new LoRA)
+        self.rollouts_done_at: float | None = None  # when the step handed its batch to the update (for time/update_s)
         self.store.save_interface_version(self._version_row(self.interface, self.version, None))
 
     def state(self) -> dict:
@@ -548,6 +549,7 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
                                     callbacks=[StoreCallback(store, updates, seal_step), CheckpointCallback(commit, updates)])
             with _rollout_engine(recipe, trainer.model, policy.tokenizer, out_dir) as (generator, sync):
                 seal_step.generator, seal_step.sync_policy = generator, sync
+                # 9. the policy updates, one per SEAL step (TRL calls seal_step for the rollouts of each)
                 trainer.train(resume_from_checkpoint=str(out_dir / checkpoint["path"]) if checkpoint else None)
         trainer.save_model(str(out_dir / "adapter"))
     except BaseException:

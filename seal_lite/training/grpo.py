@@ -64,7 +64,7 @@ class StoreCallback(TrainerCallback):
 
 class CheckpointCallback(TrainerCallback):
     """After transformers has written a whole checkpoint (adapter, optimizer, scheduler, RNG, trainer state),
-    hand it to ``commit(step, directory)``: the SEAL state goes beside it and the store marks the step done."""
+    hand it to ``commit(step, directory)``, which records the loop's state with it and marks the step done."""
 
     def __init__(self, commit: Callable[[int, str], None], updates: int):
         self.commit, self.updates = commit, updates
