@@ -134,6 +134,90 @@ def doctor(as_json, model, no_self_test):
         sys.exit(1)
 
 
+def _eval_task_ids(split: str, per_category: int | None) -> list[str]:
+    from seal_lite.envs.bfcl import CATEGORIES, category_of
+    from seal_lite.loop import data_file
+
+    if split in ("eval", "train"):
+        ids = data_file(f"{split}_ids.txt").read_text().split()
+    else:
+        ids = [task_id.strip() for task_id in split.split(",") if task_id.strip()]
+        for task_id in ids:
+            try:
+                category_of(task_id)
+            except ValueError as error:
+                raise click.BadParameter(f"{error}; pass eval, train or BFCL ids such as multi_turn_base_1",
+                                         param_hint="--split") from None
+    if per_category:  # a fixed subset: the first N of each category, in the split's order
+        ids = [task_id for category in CATEGORIES
+               for task_id in [i for i in ids if category_of(i) == category][:per_category]]
+    return ids
+
+
+@main.command(name="eval")
+@click.argument("target")
+@click.option("--split", default="eval", show_default=True,
+              help="eval (the 400 held-out tasks), train, or comma-separated BFCL ids.")
+@click.option("--tasks", "per_category", type=click.IntRange(min=1), help="Only the first N tasks of each category.")
+@click.option("--base", is_flag=True, help="With a RUN: also evaluate the base model, side by side.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a recipe field, e.g. --set rollout.max_turns=2 (repeatable).")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Also write the results to FILE (JSON).")
+def evaluate_command(target, split, per_category, base, overrides, json_file):
+    """Evaluate a run's trained policy or a model on held-out BFCL tasks.
+
+    TARGET is a run directory (its recipe and trained LoRA; results are stored in its seal.db) or a model
+    (a registry name, .gguf, directory or hub id). Decoding is greedy, the interface is the plain one (never the
+    training interface), and the score is the official multi-turn verdict, per category and as the mean over
+    categories, beside the turn pass rate (share of ground-truth turns passed). Budgets (turns, calls, tokens)
+    come from the recipe's rollout section.
+
+    \b
+    Examples:
+      seal-lite eval runs/quickstart --base --tasks 5
+      seal-lite eval smollm2-135m --split multi_turn_base_1,multi_turn_miss_func_3 --json base.json
+    """
+    import json
+    import tempfile
+
+    from seal_lite.console import print_evaluation
+    from seal_lite.envs.bfcl import load_tasks
+    from seal_lite.evaluate import evaluate, evaluation_engine, result_rows, summarize
+
+    run_dir = Path(target) if (Path(target) / "seal.db").exists() else None
+    store = None
+    if run_dir is not None:
+        from seal_lite.store import Store
+
+        store = Store(run_dir / "seal.db")
+        try:  # the run's own recipe, with --set on top
+            config = load_recipe(None, {**json.loads(store.run()["recipe"]), **_parse_overrides(overrides)})
+        except RecipeError as error:
+            raise click.ClickException(f"invalid recipe:\n{error}") from None
+        checkpoint = store.last_checkpoint()
+        adapter = run_dir / "adapter" if (run_dir / "adapter").is_dir() else (
+            run_dir / checkpoint["path"] if checkpoint else None)
+        if adapter is None:
+            raise click.ClickException(f"{run_dir} has no trained adapter yet; evaluate after its first step")
+        models = ([("base", None)] if base else []) + [(f"step {checkpoint['step'] if checkpoint else '?'}", adapter)]
+    else:
+        config = _load(None, overrides + (f"policy.model={target}",))
+        models = [("base", None)]
+    tasks = [task.truncated(config.rollout.max_turns) for task in load_tasks(_eval_task_ids(split, per_category))]
+    summaries, everything = {}, {}
+    for label, adapter in models:
+        click.echo(f"evaluating {label} on {len(tasks)} tasks ...", err=True)
+        with tempfile.TemporaryDirectory() as work, evaluation_engine(config, adapter, Path(work)) as generator:
+            results = evaluate(tasks, generator, config.rollout, config.interface.tool_format)
+        summaries[label] = summarize(results)
+        everything[label] = [vars(result) for result in results]
+        if store is not None:
+            store.save_evaluations(result_rows(label, split, results))
+    print_evaluation(summaries)
+    if json_file:
+        Path(json_file).write_text(json.dumps({"summary": summaries, "tasks": everything}, indent=2))
+
+
 @main.command()
 @click.argument("recipe", required=False, type=click.Path(dir_okay=False))
 @click.option("--fields", is_flag=True, help="List every field with its default and description.")

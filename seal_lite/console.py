@@ -78,6 +78,24 @@ def print_summary(summary) -> None:
     console.print(table)
 
 
+def print_evaluation(summaries: dict[str, dict[str, dict[str, float]]]) -> None:
+    """Categories as rows, one column per evaluated model: strict accuracy and turn pass rate, in %."""
+    table = Table(title="official verdict accuracy % (turn pass rate %)")
+    table.add_column("category")
+    for label in summaries:
+        table.add_column(label, justify="right")
+    categories = [c for c in ("base", "miss_func", "miss_param", "long_context", "mean")
+                  if any(c in summary for summary in summaries.values())]
+    for category in categories:
+        cells = []
+        for summary in summaries.values():
+            row = summary.get(category)
+            cells.append(f"{100 * row['accuracy']:.1f} ({100 * row['turn_pass_rate']:.1f})  n={row['tasks']}"
+                         if row else "-")
+        table.add_row(category, *cells)
+    console.print(table)
+
+
 def print_trajectories(rows: list[dict], labels: dict[str, list[str]]) -> None:
     table = Table(title=f"{len(rows)} trajectories")
     for column in ("id", "reward", "weight", "calls", "stop", "turn labels"):

@@ -36,7 +36,7 @@ class TransformersGenerator:
                 attention_mask=attention,
                 max_new_tokens=max_new_tokens,
                 do_sample=temperature > 0,
-                temperature=temperature,
+                temperature=temperature if temperature > 0 else None,  # 0: greedy
                 top_k=0,
                 top_p=1.0,
                 eos_token_id=self.stop_ids,

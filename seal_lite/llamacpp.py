@@ -181,11 +181,14 @@ class LlamaCppGenerator:
         new, logprobs = [], []
         while True:
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
-            scaled = logits / temperature
+            scaled = logits / temperature if temperature > 0 else logits  # temperature 0: greedy
             scaled = scaled - scaled.max()
-            weights = np.exp(scaled)
-            cumulative = np.cumsum(weights, dtype=np.float64)
-            token = min(int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")), n_vocab - 1)
+            cumulative = np.cumsum(np.exp(scaled), dtype=np.float64)
+            if temperature > 0:
+                token = min(int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")),
+                            n_vocab - 1)
+            else:
+                token = int(np.argmax(scaled))
             logprobs.append(float(scaled[token] - np.log(cumulative[-1])))
             new.append(token)
             if token in self.stop_ids or len(new) >= max_new_tokens:

@@ -10,6 +10,7 @@ Tables (documented in docs/store.md):
     interface_versions  the rendered training interface, version by version
     metrics             (step, name, value), namespaced like reward/mean or labels/pass
     checkpoints         one row per committed step: its checkpoint directory and the SEAL loop's state
+    evaluations         ``seal-lite eval`` results: one row per (model evaluated, task)
 
 A step's rollouts, turns and metrics are written in one transaction (``Database.atomic``: sqlite-utils'
 own writes nest inside it as savepoints), so a crash leaves a whole step or nothing. Primary keys are explicit
@@ -63,6 +64,11 @@ _TABLES = {
     ),
     "metrics": ({"step": int, "name": str, "value": float}, ("step", "name")),
     "checkpoints": ({"step": int, "path": str, "seal_state": str, "created_at": float}, "step"),
+    "evaluations": (
+        {"model": str, "task_id": str, "category": str, "split": str, "valid": int, "turns_passed": int, "turns": int,
+         "labels": str, "created_at": float},
+        ("model", "task_id"),
+    ),
 }
 
 
@@ -146,6 +152,14 @@ class Store:
             for table in ("trajectories", "steps", "metrics", "interface_versions", "checkpoints"):
                 self.db.execute(f"delete from {table} where step > ?", [step])
         return removed
+
+    def save_evaluations(self, rows: list[dict]) -> None:
+        with self.db.atomic():
+            self.db["evaluations"].upsert_all([_encode(row) for row in rows], pk=("model", "task_id"))
+
+    def evaluations(self) -> list[dict]:
+        rows = self.db["evaluations"].rows_where(order_by="model, task_id")
+        return [_decode(row, "labels") for row in rows]
 
     def resume_run(self, name: str) -> None:
         self.db["runs"].update(name, {"status": "running", "finished_at": None})

@@ -65,9 +65,11 @@ class ScriptedGenerator:
         self.scripts = scripts
         self.calls = 0
         self.produced: list[list[list[int]]] = [[] for _ in scripts]
+        self.seen: list[list[list[int]]] = []  # every batch of contexts it was asked to continue
 
     def generate(self, batch, max_new_tokens, temperature):
         assert len(batch) == len(self.scripts), "scripted episodes fell out of lockstep"
+        self.seen.append([list(ids) for ids in batch])
         out = []
         for index in range(len(batch)):
             text = self.scripts[index][self.calls]

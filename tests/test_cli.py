@@ -102,3 +102,12 @@ def test_small_real_run_prints_what_the_store_holds(tmp_path):
     metrics = dict(db.execute("select name, value from metrics where step = 1").fetchall())
     assert 0 <= metrics["grpo/engine/logprob_gap_mean"] < 1.0
     assert metrics["time/prefill_s"] > 0 and metrics["time/decode_s"] > 0 and metrics["time/update_s"] > 0
+
+    # the trained policy next to the base model on a held-out task; results are stored with the run
+    evaluated = subprocess.run([sys.executable, "-m", "seal_lite", "eval", str(out), "--base", "--split",
+                                "multi_turn_base_1"], capture_output=True, text=True, timeout=600, check=False,
+                               env={**os.environ, "COLUMNS": "200"})
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "base" in evaluated.stdout and "step 1" in evaluated.stdout
+    stored = {(row["model"], row["task_id"]) for row in db["evaluations"].rows}
+    assert stored == {("base", "multi_turn_base_1"), ("step 1", "multi_turn_base_1")}

@@ -1,0 +1,46 @@
+"""Held-out evaluation: the plain interface, the official verdict per category, greedy and repeatable."""
+
+import json
+import subprocess
+import sys
+
+from conftest import ScriptedGenerator, tool_call_text
+
+from seal_lite.envs.bfcl import load_tasks
+from seal_lite.evaluate import evaluate, summarize
+from seal_lite.interface import SCHEMA_CUE_LINE
+from seal_lite.recipe import load_recipe
+
+IDS = ["multi_turn_base_1", "multi_turn_base_4", "multi_turn_miss_param_3"]
+
+
+def test_ground_truth_scores_full_marks_under_the_plain_interface(smol_tokenizer):
+    recipe = load_recipe(None, {"rollout.max_turns": 1, "rollout.max_calls_per_turn": 1})
+    tasks = [task.truncated(1) for task in load_tasks(IDS)]
+    results = []
+    for task, right in zip(tasks, [True, False, True], strict=True):
+        text = tool_call_text(task.ground_truth[0]) if right else "I need more details."
+        generator = ScriptedGenerator(smol_tokenizer, [[text]])
+        results += evaluate([task], generator, recipe.rollout, recipe.interface.tool_format)
+        assert SCHEMA_CUE_LINE not in smol_tokenizer.decode(generator.seen[0][0])  # the plain view
+    assert [r.valid for r in results] == [True, False, True]
+    table = summarize(results)
+    assert table["base"] == {"tasks": 2, "accuracy": 0.5, "turn_pass_rate": 0.5}
+    assert table["miss_param"] == {"tasks": 1, "accuracy": 1.0, "turn_pass_rate": 1.0}
+    assert table["mean"] == {"tasks": 3, "accuracy": 0.75, "turn_pass_rate": 0.75}  # over categories, not tasks
+
+
+def test_eval_command_is_greedy_and_repeatable(tmp_path):
+    outputs = []
+    for attempt in range(2):
+        path = tmp_path / f"eval{attempt}.json"
+        command = [sys.executable, "-m", "seal_lite", "eval", "smollm2-135m", "--split", "multi_turn_base_1",
+                   "--set", "rollout.max_turns=2", "--json", str(path)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "official verdict accuracy" in result.stdout
+        outputs.append(json.loads(path.read_text()))
+    assert outputs[0] == outputs[1]
+    [task] = outputs[0]["tasks"]["base"]
+    assert task["task_id"] == "multi_turn_base_1" and task["turns"] == 2 and len(task["labels"]) == 2
+    assert outputs[0]["summary"]["base"]["mean"]["tasks"] == 1
