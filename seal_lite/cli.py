@@ -134,6 +134,22 @@ def doctor(as_json, model, no_self_test):
         sys.exit(1)
 
 
+def _trained_adapters(store, run_dir: Path, steps: tuple[int, ...]) -> list[tuple[int, Path]]:
+    """(step, adapter directory) for the requested steps' checkpoints, or the run's newest adapter."""
+    checkpoints = {row["step"]: run_dir / row["path"] for row in store.db["checkpoints"].rows}
+    if not checkpoints:
+        raise click.ClickException(f"{run_dir} has no trained adapter yet; evaluate after its first step")
+    if not steps:
+        last = max(checkpoints)
+        return [(last, run_dir / "adapter" if (run_dir / "adapter").is_dir() else checkpoints[last])]
+    kept = {step: path for step, path in checkpoints.items() if path.is_dir()}
+    for step in steps:
+        if step not in kept:
+            raise click.ClickException(f"{run_dir} keeps checkpoints of steps {sorted(kept)}, not {step} "
+                                       "(grpo.keep_checkpoints sets how many are kept)")
+    return [(step, kept[step]) for step in steps]
+
+
 def _eval_task_ids(split: str, per_category: int | None) -> list[str]:
     from seal_lite.envs.bfcl import CATEGORIES, category_of
     from seal_lite.loop import data_file
@@ -160,10 +176,12 @@ def _eval_task_ids(split: str, per_category: int | None) -> list[str]:
               help="eval (the 400 held-out tasks), train, or comma-separated BFCL ids.")
 @click.option("--tasks", "per_category", type=click.IntRange(min=1), help="Only the first N tasks of each category.")
 @click.option("--base", is_flag=True, help="With a RUN: also evaluate the base model, side by side.")
+@click.option("--step", "steps", type=int, multiple=True,
+              help="With a RUN: evaluate the checkpoint of this step (repeatable; default: the final adapter).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe field, e.g. --set rollout.max_turns=2 (repeatable).")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Also write the results to FILE (JSON).")
-def evaluate_command(target, split, per_category, base, overrides, json_file):
+def evaluate_command(target, split, per_category, base, steps, overrides, json_file):
     """Evaluate a run's trained policy or a model on held-out BFCL tasks.
 
     TARGET is a run directory (its recipe and trained LoRA; results are stored in its seal.db) or a model
@@ -175,6 +193,7 @@ def evaluate_command(target, split, per_category, base, overrides, json_file):
     \b
     Examples:
       seal-lite eval runs/quickstart --base --tasks 5
+      seal-lite eval runs/quickstart --step 1 --step 2 --split train --tasks 2
       seal-lite eval smollm2-135m --split multi_turn_base_1,multi_turn_miss_func_3 --json base.json
     """
     import json
@@ -194,12 +213,8 @@ def evaluate_command(target, split, per_category, base, overrides, json_file):
             config = load_recipe(None, {**json.loads(store.run()["recipe"]), **_parse_overrides(overrides)})
         except RecipeError as error:
             raise click.ClickException(f"invalid recipe:\n{error}") from None
-        checkpoint = store.last_checkpoint()
-        adapter = run_dir / "adapter" if (run_dir / "adapter").is_dir() else (
-            run_dir / checkpoint["path"] if checkpoint else None)
-        if adapter is None:
-            raise click.ClickException(f"{run_dir} has no trained adapter yet; evaluate after its first step")
-        models = ([("base", None)] if base else []) + [(f"step {checkpoint['step'] if checkpoint else '?'}", adapter)]
+        models = [("base", None)] if base else []
+        models += [(f"step {step}", path) for step, path in _trained_adapters(store, run_dir, steps)]
     else:
         config = _load(None, overrides + (f"policy.model={target}",))
         models = [("base", None)]

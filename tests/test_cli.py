@@ -111,3 +111,6 @@ def test_small_real_run_prints_what_the_store_holds(tmp_path):
     assert "base" in evaluated.stdout and "step 1" in evaluated.stdout
     stored = {(row["model"], row["task_id"]) for row in db["evaluations"].rows}
     assert stored == {("base", "multi_turn_base_1"), ("step 1", "multi_turn_base_1")}
+    missing = subprocess.run([sys.executable, "-m", "seal_lite", "eval", str(out), "--step", "7"],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert missing.returncode == 1 and "keeps checkpoints of steps [1], not 7" in missing.stderr
