@@ -114,3 +114,18 @@ def test_small_real_run_prints_what_the_store_holds(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "seal_lite", "eval", str(out), "--step", "7"],
                              capture_output=True, text=True, timeout=120, check=False)
     assert missing.returncode == 1 and "keeps checkpoints of steps [1], not 7" in missing.stderr
+
+
+def test_each_ablation_is_the_paper_recipe_minus_its_part():
+    from seal_lite.loop import recipe_differences
+
+    paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml").model_dump()
+    ablated = {
+        "ablation-vanilla-grpo": ["grpo.closed_loop", "grpo.diagnosis_weighting", "interface.schema_cues"],
+        "ablation-no-interface": ["interface.schema_cues"],
+        "ablation-no-reweighting": ["grpo.diagnosis_weighting"],
+        "ablation-no-closed-loop": ["grpo.closed_loop"],
+    }
+    for name, parts in ablated.items():
+        recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml").model_dump()
+        assert recipe_differences(paper, recipe) == ["name", *parts], name
