@@ -22,6 +22,9 @@ from seal_lite.recipe import Recipe
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+GPU_LIBRARY = {"unsloth": "unsloth", "peft-4bit": "bitsandbytes"}  # GPU backend -> the library it needs
+
+
 class PolicyBackendError(RuntimeError):
     """The requested backend cannot run here; the message says why and what to use instead."""
 
@@ -33,19 +36,15 @@ def installed_backends() -> set[str]:
 
 def choose_backend(requested: str, cuda_available: bool, installed: set[str]) -> tuple[str, str]:
     """(backend, reason) for ``policy.backend``; raises PolicyBackendError when the request cannot be met."""
-    gpu_note = "no NVIDIA GPU is visible to torch" if not cuda_available else ""
-    if requested == "unsloth":
+    if requested in GPU_LIBRARY:
+        library = GPU_LIBRARY[requested]
         if not cuda_available:
-            raise PolicyBackendError(f"policy.backend unsloth needs an NVIDIA GPU ({gpu_note}); use auto or peft")
-        if "unsloth" not in installed:
-            raise PolicyBackendError("policy.backend unsloth needs Unsloth: pip install -e '.[gpu]' (or use auto)")
-        return "unsloth", "requested in the recipe"
-    if requested == "peft-4bit":
-        if not cuda_available:
-            raise PolicyBackendError(f"policy.backend peft-4bit needs an NVIDIA GPU ({gpu_note}); use auto or peft")
-        if "bitsandbytes" not in installed:
-            raise PolicyBackendError("policy.backend peft-4bit needs bitsandbytes: pip install -e '.[gpu]'")
-        return "peft-4bit", "requested in the recipe"
+            raise PolicyBackendError(f"policy.backend {requested} needs an NVIDIA GPU (none is visible to torch); "
+                                     "use auto or peft")
+        if library not in installed:
+            raise PolicyBackendError(f"policy.backend {requested} needs {library}: pip install -e '.[gpu]' "
+                                     "(or use auto)")
+        return requested, "requested in the recipe"
     if requested == "peft":
         return "peft", "requested in the recipe"
     if cuda_available and "unsloth" in installed:
