@@ -26,6 +26,8 @@ def main():
       seal-lite verify --input calls.jsonl   score any system's BFCL multi-turn calls
       seal-lite interface show runs/quickstart  the training interface, version by version
       seal-lite doctor                       hardware, backends, models and a masking self-test
+      seal-lite eval runs/quickstart --base  held-out tasks, trained policy next to its base model
+      seal-lite report runs/quickstart       an HTML page with plots of the run
     """
 
 
@@ -132,6 +134,30 @@ def doctor(as_json, model, no_self_test):
     click.echo(json.dumps(result, indent=2) if as_json else render_text(result))
     if not result["ok"]:
         sys.exit(1)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Where to write it (default RUN/report).")
+@click.option("--samples", default=4, show_default=True, help="Sample trajectories shown turn by turn.")
+def report(run_dir, out_dir, samples):
+    """Write RUN/report/report.html: a self-contained page with plots of the run.
+
+    Reward and turn pass rate, labels, rho and weights over steps (also as PNGs beside the page), the interface
+    version timeline with its diffs, the evaluation table (from `seal-lite eval RUN`), and sample trajectories
+    turn by turn with their labels and the diagnoser's explanations.
+
+    \b
+    Example:
+      seal-lite report runs/quickstart
+    """
+    from seal_lite.report import write_report
+
+    try:
+        page = write_report(Path(run_dir), Path(out_dir) if out_dir else None, samples)
+    except LookupError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(str(page))
 
 
 def _trained_adapters(store, run_dir: Path, steps: tuple[int, ...]) -> list[tuple[int, Path]]:

@@ -1,0 +1,204 @@
+"""``seal-lite report RUN``: one self-contained HTML page (plus the PNGs) of what a run did.
+
+Everything comes from the run's store: reward and turn pass rate over steps, the failure-label distribution
+over steps, the closed-loop utilities rho over steps, the diagnosis weights, the interface version timeline
+with its diffs, the evaluation table (``seal-lite eval``), and sample trajectories turn by turn with their
+labels and the local diagnoser's explanations. Figures are matplotlib PNGs written beside the page and embedded
+in it as data URIs, so the page can be mailed or opened anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import html
+from collections import defaultdict
+from pathlib import Path
+
+from seal_lite.diagnosis.labels import SUCCESS_LABELS
+from seal_lite.interface import describe_version
+from seal_lite.store import Store
+
+FIGURES = ("reward", "labels", "rho", "weights")
+
+
+def write_report(run_dir: Path, out_dir: Path | None = None, samples: int = 4) -> Path:
+    """Write ``report.html`` and the figures into ``out_dir`` (default RUN/report); return the page's path."""
+    store = Store(Path(run_dir) / "seal.db")
+    out_dir = Path(out_dir or Path(run_dir) / "report")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps = [row["step"] for row in store.steps()]
+    if not steps:
+        raise LookupError(f"{run_dir} has no finished step to report on yet")
+    pngs = {name: out_dir / f"{name}.png" for name in FIGURES}
+    _plot_reward(store, steps, pngs["reward"])
+    _plot_labels(store, steps, pngs["labels"])
+    _plot_rho(store, pngs["rho"])
+    _plot_weights(store, steps, pngs["weights"])
+    run = store.run()
+    sections = [
+        f"<h1>seal-lite run {html.escape(run['name'])}</h1>",
+        f"<p>model {html.escape(run['model'])}, status {html.escape(run['status'])}, {len(steps)} steps</p>",
+        _figure(pngs["reward"], "Reward (official verdict) and turn pass rate per step"),
+        _figure(pngs["labels"], "Turn labels per step (share of countable labels)"),
+        _figure(pngs["rho"], "Label utilities rho per step (closed-loop update)"),
+        _figure(pngs["weights"], "Diagnosis weights of the trajectories"),
+        _interface_timeline(store),
+        _evaluation_table(store),
+        _sample_trajectories(store, samples),
+    ]
+    page = out_dir / "report.html"
+    page.write_text("<!doctype html><html><head><meta charset='utf-8'><title>seal-lite report</title>"
+                    f"<style>{_CSS}</style></head><body>{''.join(sections)}<script>{_COUNT_FIGURES}</script>"
+                    "</body></html>")
+    return page
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure, path: Path) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for axes in figure.axes:
+        if axes.get_xlabel() == "step":
+            axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    _pyplot().close(figure)
+
+
+def _plot_reward(store: Store, steps: list[int], path: Path) -> None:
+    plt = _pyplot()
+    reward = dict(store.metrics("reward/mean"))
+    passed, total = defaultdict(int), defaultdict(int)
+    for row in store.db.query("select t.step, u.label from turns u join trajectories t on t.id = u.trajectory_id"):
+        total[row["step"]] += 1
+        passed[row["step"]] += row["label"] in SUCCESS_LABELS
+    figure, axes = plt.subplots(figsize=(7, 3))
+    axes.plot(steps, [reward.get(step, 0.0) for step in steps], marker="o", label="reward (task success)")
+    axes.plot(steps, [passed[s] / total[s] if total[s] else 0.0 for s in steps], marker="s", label="turn pass rate")
+    axes.set(xlabel="step", ylim=(-0.05, 1.05))
+    axes.legend()
+    _save(figure, path)
+
+
+def _plot_labels(store: Store, steps: list[int], path: Path) -> None:
+    plt = _pyplot()
+    rates = defaultdict(dict)
+    for row in store.db.query("select step, name, value from metrics where name like 'labels/%_rate'"):
+        rates[row["name"][len("labels/") : -len("_rate")]][row["step"]] = row["value"]
+    figure, axes = plt.subplots(figsize=(7, 3))
+    bottom = [0.0] * len(steps)
+    for label in sorted(rates):
+        heights = [rates[label].get(step, 0.0) for step in steps]
+        axes.bar(steps, heights, bottom=bottom, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    axes.set(xlabel="step", ylabel="share of turns")
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    _save(figure, path)
+
+
+def _plot_rho(store: Store, path: Path) -> None:
+    plt = _pyplot()
+    series = defaultdict(list)
+    for row in store.db.query("select step, name, value from metrics where name like 'rho/%' order by step"):
+        series[row["name"][len("rho/") :]].append((row["step"], row["value"]))
+    figure, axes = plt.subplots(figsize=(7, 3))
+    for label, points in sorted(series.items()):
+        axes.plot([s for s, _ in points], [v for _, v in points], marker=".", label=label)
+    axes.set(xlabel="step", ylabel="rho", ylim=(0.45, 2.05))
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    _save(figure, path)
+
+
+def _plot_weights(store: Store, steps: list[int], path: Path) -> None:
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7, 3))
+    weights = [[row["weight"] for row in store.trajectories(step)] for step in steps]
+    axes.hist(weights, bins=15, range=(0.5, 2.0), stacked=True, label=[f"step {step}" for step in steps])
+    axes.set(xlabel="diagnosis weight w", ylabel="trajectories")
+    axes.legend(fontsize=7)
+    _save(figure, path)
+
+
+def _figure(path: Path, caption: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return (f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
+            f"<figcaption>{html.escape(caption)} ({path.name})</figcaption></figure>")
+
+
+def _interface_timeline(store: Store) -> str:
+    parts = ["<h2>Training interface, version by version</h2>"]
+    previous = None
+    for row in store.interface_versions():
+        title = f"v{row['version']} (after step {row['step']}): {row['reason']}"
+        if previous is None:
+            body = describe_version(row)
+        else:
+            body = "\n".join(difflib.unified_diff(describe_version(previous).splitlines(),
+                                                  describe_version(row).splitlines(),
+                                                  f"v{previous['version']}", f"v{row['version']}", lineterm=""))
+        parts.append(f"<h3>{html.escape(title)}</h3><pre>{html.escape(body)}</pre>")
+        previous = row
+    return "".join(parts)
+
+
+def _evaluation_table(store: Store) -> str:
+    from seal_lite.evaluate import TaskResult, summarize
+
+    results = defaultdict(list)
+    for row in store.evaluations():
+        results[row["model"]].append(TaskResult(row["task_id"], row["category"], bool(row["valid"]),
+                                                row["turns_passed"], row["turns"], row["labels"]))
+    if not results:
+        return "<h2>Evaluation</h2><p>No evaluation yet: run <code>seal-lite eval RUN --base</code>.</p>"
+    summaries = {model: summarize(rows) for model, rows in results.items()}
+    categories = [c for c in ("base", "miss_func", "miss_param", "long_context", "mean")
+                  if any(c in summary for summary in summaries.values())]
+    head = "".join(f"<th>{html.escape(model)}</th>" for model in summaries)
+    rows = []
+    for category in categories:
+        cells = "".join(
+            f"<td>{100 * s[category]['accuracy']:.1f} ({100 * s[category]['turn_pass_rate']:.1f}), "
+            f"n={s[category]['tasks']}</td>" if category in s else "<td>-</td>" for s in summaries.values())
+        rows.append(f"<tr><th>{category}</th>{cells}</tr>")
+    return ("<h2>Evaluation</h2><p>Official verdict accuracy % (turn pass rate %), greedy, plain interface.</p>"
+            f"<table class='evaluation'><tr><th>category</th>{head}</tr>{''.join(rows)}</table>")
+
+
+def _sample_trajectories(store: Store, samples: int) -> str:
+    """The last step's trajectories, passed ones first, turn by turn."""
+    last = store.steps()[-1]["step"]
+    chosen = sorted(store.trajectories(last), key=lambda row: -row["reward"])[:samples]
+    parts = [f"<h2>Sample trajectories (step {last})</h2>"]
+    for row in chosen:
+        parts.append(f"<h3>{html.escape(row['id'])}: reward {row['reward']:.0f}, weight {row['weight']:.2f}</h3>"
+                     "<table class='turns'><tr><th>turn</th><th>user</th><th>model calls</th><th>expected</th>"
+                     "<th>label</th><th>cause</th><th>diagnoser</th></tr>")
+        for turn in store.turns(row["id"]):
+            explained = turn["diagnosis"] or {}
+            diagnoser = " ".join(filter(None, [explained.get("explanation"), explained.get("recovery_hint")]))
+            cells = [turn["turn_index"], turn["user_text"], "; ".join(turn["model_calls"]) or "(none)",
+                     "; ".join(turn["gt_calls"]) or "(none)", turn["label"], turn["cause"] or "", diagnoser]
+            parts.append("<tr class='turn'>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+        parts.append("</table>")
+    return "".join(parts)
+
+
+# After load, the body records how many figures the browser decoded (data-figures-shown): a check for tests.
+_COUNT_FIGURES = """window.addEventListener('load', () => { document.body.dataset.figuresShown =
+  [...document.images].filter(image => image.complete && image.naturalWidth > 0).length; });"""
+
+_CSS = """
+body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
+figure { margin: 1em 0; } img { max-width: 100%; } figcaption { color: #555; font-size: 90%; }
+table { border-collapse: collapse; font-size: 85%; } td, th { border: 1px solid #ccc; padding: 3px 6px;
+vertical-align: top; text-align: left; } pre { background: #f6f6f6; padding: 8px; overflow-x: auto; }
+"""

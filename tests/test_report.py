@@ -1,0 +1,70 @@
+"""The run report: figures, interface timeline, evaluation table and trajectories from a real run's store,
+rendered by headless Chromium where it is installed (scripts/setup.sh installs it when it can)."""
+
+import base64
+import re
+import shutil
+import subprocess
+
+import pytest
+from conftest import ScriptedGenerator, tool_call_text
+
+from seal_lite.envs.bfcl import load_tasks
+from seal_lite.evaluate import evaluate, result_rows
+from seal_lite.loop import run
+from seal_lite.recipe import load_recipe
+from seal_lite.report import write_report
+from seal_lite.store import Store
+
+
+@pytest.fixture(scope="module")
+def reported_run(tmp_path_factory, tiny_model_dir, smol_tokenizer):
+    """Two real SEAL steps (tiny random policy), plus stored evaluations of two models, then the report."""
+    run_dir = tmp_path_factory.mktemp("run")
+    recipe = load_recipe(None, {
+        "policy.model": tiny_model_dir, "policy.dtype": "float32", "diagnoser.mode": "off",
+        "data.task_ids": ["multi_turn_base_0", "multi_turn_base_1"], "grpo.tasks_per_step": 1, "grpo.steps": 2,
+        "rollout.num_generations": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 8,
+        "rollout.max_model_calls": 2,
+    })
+    run(recipe, run_dir)
+    store = Store(run_dir / "seal.db")
+    task = load_tasks(["multi_turn_base_1"])[0].truncated(1)
+    for label, script in (("base", ["No."]), ("step 2", [tool_call_text(task.ground_truth[0]), "Done."])):
+        results = evaluate([task], ScriptedGenerator(smol_tokenizer, [script]), recipe.rollout, "signatures")
+        store.save_evaluations(result_rows(label, "multi_turn_base_1", results))
+    # a diagnoser answer linked to one turn, as the in-process diagnoser stores it (tests/test_diagnoser.py)
+    store.db["diagnoses"].insert({"key": "k1", "model": "smollm2", "status": "ok", "label": "empty_turn_model_response",
+                                  "explanation": "The model answered in prose.", "recovery_hint": "Call cd first."})
+    store.db.execute("update turns set diagnosis_key = 'k1' where trajectory_id like 's2-%' and turn_index = 0")
+    store.db.conn.commit()
+    return run_dir, store, write_report(run_dir)
+
+
+def test_report_holds_every_part_from_the_store(reported_run):
+    run_dir, store, page = reported_run
+    text = page.read_text()
+    images = re.findall(r"src='data:image/png;base64,([^']+)'", text)
+    assert len(images) == 4 and all(base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n" for data in images)
+    for name in ("reward", "labels", "rho", "weights"):
+        assert (run_dir / "report" / f"{name}.png").stat().st_size > 1000
+    versions = store.interface_versions()
+    assert len(re.findall(r"<h3>v\d+ \(after step", text)) == len(versions)
+    # the evaluation table puts both models side by side: base failed the task, step 2 passed it
+    table = text[text.index("class='evaluation'"):]
+    assert "<th>base</th><th>step 2</th>" in table
+    assert "<td>0.0 (0.0), n=1</td><td>100.0 (100.0), n=1</td>" in table
+    # sample trajectories from the last step, one table row per stored turn
+    shown = re.findall(r"<h3>(s2-[^:]+):", text)
+    assert shown and all(tid.startswith("s2-") for tid in shown)
+    assert text.count("<tr class='turn'>") == sum(len(store.turns(tid)) for tid in shown)
+    assert "The model answered in prose. Call cd first." in text  # the local diagnoser's explanation and hint
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (scripts/setup.sh installs "
+                    "it as root with apt)")
+def test_headless_chromium_shows_all_four_figures(reported_run):
+    _, _, page = reported_run
+    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                          "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert 'data-figures-shown="4"' in dom
