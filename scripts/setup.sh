@@ -29,7 +29,8 @@ echo "Installing seal-lite (llama-cpp-python compiles from source the first time
 "${pip[@]}" --no-deps "bfcl-eval==2026.3.23"
 # The report's test renders it in headless Chromium; install it where the system allows (root and apt).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  apt-get install -y -q chromium >/dev/null 2>&1 || echo "note: could not install chromium; the report's browser test will be skipped" >&2
+  DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q chromium >/dev/null 2>&1 \
+    || echo "note: could not install chromium; the report's browser test will be skipped" >&2
 fi
 .venv/bin/python -c "import seal_lite.envs.bfcl, llama_cpp, trl" \
   || { echo "setup finished but an import fails; see the messages above" >&2; exit 1; }
