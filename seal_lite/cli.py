@@ -454,15 +454,11 @@ def interface_diff(run_dir, a, b):
     Example:
       seal-lite interface diff runs/quickstart 1 2
     """
-    import difflib
-
-    from seal_lite.interface import describe_version
+    from seal_lite.interface import diff_versions
 
     versions = _versions(run_dir)
-    first, second = _version(versions, a, run_dir), _version(versions, b, run_dir)
-    diff = difflib.unified_diff(describe_version(first).splitlines(), describe_version(second).splitlines(),
-                                f"version {a}", f"version {b}", lineterm="")
-    click.echo("\n".join(diff) or f"versions {a} and {b} are the same")
+    diff = diff_versions(_version(versions, a, run_dir), _version(versions, b, run_dir))
+    click.echo(diff or f"versions {a} and {b} are the same")
 
 
 if __name__ == "__main__":

@@ -84,8 +84,9 @@ def print_evaluation(summaries: dict[str, dict[str, dict[str, float]]]) -> None:
     table.add_column("category")
     for label in summaries:
         table.add_column(label, justify="right")
-    categories = [c for c in ("base", "miss_func", "miss_param", "long_context", "mean")
-                  if any(c in summary for summary in summaries.values())]
+    from seal_lite.evaluate import TABLE_ROWS
+
+    categories = [c for c in TABLE_ROWS if any(c in summary for summary in summaries.values())]
     for category in categories:
         cells = []
         for summary in summaries.values():

@@ -16,9 +16,11 @@ from pathlib import Path
 from seal_lite.agent import Generator, rollout_group
 from seal_lite.diagnosis.labels import SUCCESS_LABELS
 from seal_lite.diagnosis.verifier import diagnose_episode
-from seal_lite.envs.bfcl import Task
+from seal_lite.envs.bfcl import CATEGORIES, Task
 from seal_lite.interface import evaluation_interface
 from seal_lite.recipe import Recipe, RolloutConfig
+
+TABLE_ROWS = (*CATEGORIES, "mean")  # the paper's layout: one row per category, then their mean
 
 
 @dataclass
@@ -31,8 +33,7 @@ class TaskResult:
     labels: list[str]
 
 
-def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, tool_format: str,
-             progress=lambda result: None) -> list[TaskResult]:
+def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, tool_format: str) -> list[TaskResult]:
     """Play every task once with greedy decoding under the plain interface; score it like BFCL does."""
     greedy = rollout.model_copy(update={"temperature": 0.0})  # generators read 0 as argmax
     interface = evaluation_interface(tool_format)
@@ -41,9 +42,8 @@ def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, to
         [trajectory] = rollout_group(task, 1, generator, greedy, interface)
         diagnosis = diagnose_episode(task, trajectory.turns)
         passed = sum(label in SUCCESS_LABELS for label in diagnosis.labels)
-        result = TaskResult(task.id, task.category, diagnosis.valid, passed, len(diagnosis.labels), diagnosis.labels)
-        results.append(result)
-        progress(result)
+        results.append(TaskResult(task.id, task.category, diagnosis.valid, passed, len(diagnosis.labels),
+                                   diagnosis.labels))
     return results
 
 
@@ -51,7 +51,7 @@ def summarize(results: list[TaskResult]) -> dict[str, dict[str, float]]:
     """{category: {tasks, accuracy, turn_pass_rate}} in the paper's column order, plus "mean": the unweighted
     mean over the categories present (the paper's overall score)."""
     table = {}
-    for category in ("base", "miss_func", "miss_param", "long_context"):
+    for category in CATEGORIES:
         rows = [r for r in results if r.category == category]
         if rows:
             table[category] = {
@@ -79,10 +79,10 @@ def result_rows(model_label: str, split: str, results: list[TaskResult]) -> list
 @contextlib.contextmanager
 def evaluation_engine(recipe: Recipe, adapter: Path | None, work_dir: Path):
     """A generator for the recipe's policy model, with the LoRA adapter saved in ``adapter`` (a run's
-    ``adapter/`` or checkpoint directory) or without one (the base model). The engine is the run's: llama.cpp
-    on a CPU for a GGUF model, else transformers."""
-    from seal_lite.loop import rollout_backend
-    from seal_lite.models import resolve_gguf, resolve_model
+    ``adapter/`` or checkpoint directory) or without one (the base model). The engine is the run's own
+    (seal_lite.loop.rollout_engine): llama.cpp on a CPU for a GGUF model, else transformers."""
+    from seal_lite.loop import rollout_engine
+    from seal_lite.models import resolve_model
     from seal_lite.training.policy import load_policy
 
     policy = load_policy(resolve_model(recipe.policy.model), recipe)
@@ -91,18 +91,7 @@ def evaluation_engine(recipe: Recipe, adapter: Path | None, work_dir: Path):
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter))
-    if rollout_backend(recipe) == "transformers":
-        from seal_lite.generation import TransformersGenerator
-
-        yield TransformersGenerator(model, policy.tokenizer)
-        return
-    from seal_lite.gguf_lora import export_lora_gguf
-    from seal_lite.llamacpp import LlamaCppGenerator
-
-    base = resolve_gguf(recipe.policy.model, "policy.model")
-    lora = str(export_lora_gguf(model, Path(base), work_dir / "eval-lora.gguf")) if adapter is not None else None
-    generator = LlamaCppGenerator(base, policy.tokenizer, n_ctx=recipe.rollout.max_context_tokens, lora_path=lora)
-    try:
+    with rollout_engine(recipe, model, policy.tokenizer, work_dir) as (generator, sync):
+        if adapter is not None:
+            sync(0)  # llama.cpp: export the adapter and load it (transformers already runs the PeftModel)
         yield generator
-    finally:
-        generator.close()

@@ -197,3 +197,11 @@ def describe_version(row: dict) -> str:
     lines += [f"  - {line}" for line in row.get("guidelines") or []] or ["  (no guideline)"]
     lines.append(f"tool format: {components.get('tool_format')}")
     return "\n".join(lines)
+
+
+def diff_versions(first: dict, second: dict) -> str:
+    """A unified diff of two stored interface versions as ``describe_version`` shows them ("" if equal)."""
+    import difflib
+
+    return "\n".join(difflib.unified_diff(describe_version(first).splitlines(), describe_version(second).splitlines(),
+                                          f"version {first['version']}", f"version {second['version']}", lineterm=""))

@@ -165,7 +165,7 @@ class LlamaCppGenerator:
     def _read(self, llm, ids: list[int]) -> None:
         """Make ``llm``'s cache hold exactly ``ids``, reading only what it does not already hold."""
         keep = min(_common_prefix(llm, ids), len(ids))
-        llm.n_tokens = keep  # eval() drops the cache beyond n_tokens before it reads
+        llm.n_tokens = keep  # Llama.eval (llama.cpp token decoding) drops the cache beyond n_tokens first
         if keep < len(ids):
             llm.eval(ids[keep:])
 

@@ -420,7 +420,7 @@ def rollout_backend(recipe: Recipe) -> str:
 
 
 @contextlib.contextmanager
-def _rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path):
+def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path):
     """(generator, sync): who plays the rollouts, and how it gets the current policy before each step.
 
     transformers generates with the LoRA-wrapped model TRL trains, so it is always current. llama.cpp serves the
@@ -547,7 +547,7 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
 
             trainer = build_trainer(policy, recipe, task_ids, seal_step, str(out_dir / "checkpoints"),
                                     callbacks=[StoreCallback(store, updates, seal_step), CheckpointCallback(commit, updates)])
-            with _rollout_engine(recipe, trainer.model, policy.tokenizer, out_dir) as (generator, sync):
+            with rollout_engine(recipe, trainer.model, policy.tokenizer, out_dir) as (generator, sync):
                 seal_step.generator, seal_step.sync_policy = generator, sync
                 # 9. the policy updates, one per SEAL step (TRL calls seal_step for the rollouts of each)
                 trainer.train(resume_from_checkpoint=str(out_dir / checkpoint["path"]) if checkpoint else None)

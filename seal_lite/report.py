@@ -10,13 +10,12 @@ in it as data URIs, so the page can be mailed or opened anywhere.
 from __future__ import annotations
 
 import base64
-import difflib
 import html
 from collections import defaultdict
 from pathlib import Path
 
 from seal_lite.diagnosis.labels import SUCCESS_LABELS
-from seal_lite.interface import describe_version
+from seal_lite.interface import describe_version, diff_versions
 from seal_lite.store import Store
 
 FIGURES = ("reward", "labels", "rho", "weights")
@@ -139,19 +138,14 @@ def _interface_timeline(store: Store) -> str:
     previous = None
     for row in store.interface_versions():
         title = f"v{row['version']} (after step {row['step']}): {row['reason']}"
-        if previous is None:
-            body = describe_version(row)
-        else:
-            body = "\n".join(difflib.unified_diff(describe_version(previous).splitlines(),
-                                                  describe_version(row).splitlines(),
-                                                  f"v{previous['version']}", f"v{row['version']}", lineterm=""))
+        body = describe_version(row) if previous is None else diff_versions(previous, row)
         parts.append(f"<h3>{html.escape(title)}</h3><pre>{html.escape(body)}</pre>")
         previous = row
     return "".join(parts)
 
 
 def _evaluation_table(store: Store) -> str:
-    from seal_lite.evaluate import TaskResult, summarize
+    from seal_lite.evaluate import TABLE_ROWS, TaskResult, summarize
 
     results = defaultdict(list)
     for row in store.evaluations():
@@ -160,8 +154,7 @@ def _evaluation_table(store: Store) -> str:
     if not results:
         return "<h2>Evaluation</h2><p>No evaluation yet: run <code>seal-lite eval RUN --base</code>.</p>"
     summaries = {model: summarize(rows) for model, rows in results.items()}
-    categories = [c for c in ("base", "miss_func", "miss_param", "long_context", "mean")
-                  if any(c in summary for summary in summaries.values())]
+    categories = [c for c in TABLE_ROWS if any(c in summary for summary in summaries.values())]
     head = "".join(f"<th>{html.escape(model)}</th>" for model in summaries)
     rows = []
     for category in categories:
