@@ -62,7 +62,9 @@ class RichProgress:
             status += f"  diagnoser {metrics['diagnoser/seconds']:.0f} s ({metrics['diagnoser/asked']:.0f} asked)"
         self.bars.update(self.bar, description=f"step {step}/{self.total_steps} done    ", status=status)
         if not console.is_terminal:  # logs and notebooks get one line per step instead of a live bar
-            console.print(f"step {step}/{self.total_steps}: {status}; policy update follows")
+            no_signal = metrics.get("grpo/advantage_abs_mean") == 0
+            update = "no learning signal (each group's rewards are equal)" if no_signal else "policy update follows"
+            console.print(f"step {step}/{self.total_steps}: {status}; {update}")
 
 
 def print_summary(summary) -> None:

@@ -107,11 +107,13 @@ class LlamaCppGenerator:
         import ctypes
 
         import llama_cpp
+        from llama_cpp._utils import suppress_stdout_stderr
 
         llm, old = self.contexts[slot], self.adapters[slot]
         adapter = None
         if self.lora_path:
-            adapter = llama_cpp.llama_adapter_lora_init(llm.model, self.lora_path.encode())
+            with suppress_stdout_stderr(disable=False):  # a warning per tensor on a quantized model, every step
+                adapter = llama_cpp.llama_adapter_lora_init(llm.model, self.lora_path.encode())
             if not adapter:
                 raise BackendError(f"llama.cpp could not load the LoRA {self.lora_path}")
         adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter) if adapter else None

@@ -128,3 +128,46 @@ def test_tokens_the_two_engines_disagree_on_carry_no_loss(tmp_path, tiny_model_d
     assert store.metrics("grpo/engine/logprob_gap_mean")[0][1] > 5
     moved = any(torch.count_nonzero(p) > 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
     assert moved == (filtered == 0.0)
+
+
+def _two_step_lora(tmp_path, tiny_model_dir, beta: float, signal_first: bool, skip: bool):
+    """Two steps, one with a learning signal (one episode passes) and one without (both fail). Returns the final
+    LoRA weights, the number of model forward passes in each step, and the stored skip flags."""
+    recipe = load_recipe(None, {
+        "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 2, "grpo.beta": beta,
+        "grpo.learning_rate": 1e-2, "rollout.num_generations": 2, "rollout.max_turns": 1, "policy.dtype": "float32",
+    })
+    task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
+    store = Store(tmp_path / "seal.db")
+    policy = load_policy(tiny_model_dir, recipe)
+    signal = [[tool_call_text(task.ground_truth[0]), "Done."], [tool_call_text(["mkdir(dir_name='x')"]), "Done."]]
+    scripts = [s + ["No."] if signal_first else ["No."] + s for s in signal]
+    seal_step = SealStep(recipe, store, {task.id: task}, ScriptedGenerator(policy.tokenizer, scripts))
+    trainer = grpo.build_trainer(policy, recipe, [task.id], seal_step, str(tmp_path / "trl"),
+                                 callbacks=[grpo.StoreCallback(store, updates=1)])
+    trainer.skip_without_signal = skip
+    forwards = []
+    trainer.model.register_forward_hook(lambda *_: forwards.append(seal_step.step))
+    trainer.train()
+    lora = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    return lora, [forwards.count(1), forwards.count(2)], [flag for _, flag in store.metrics("grpo/update_skipped")]
+
+
+@pytest.mark.parametrize(("beta", "signal_first", "skipped_steps"), [
+    (0.0, True, [0.0, 1.0]),    # no KL: a step without signal has a zero gradient
+    (0.0, False, [1.0, 0.0]),
+    (0.01, False, [1.0, 0.0]),  # KL on, but the policy is still the reference: its gradient is zero too
+    (0.01, True, [0.0, 0.0]),   # KL on after a real update: the KL gradient must be computed
+])
+def test_a_step_without_learning_signal_skips_the_model_but_not_the_optimizer(tmp_path, tiny_model_dir, beta,
+                                                                              signal_first, skipped_steps):
+    """A skipped step runs no forward pass, yet the weights end exactly where the full computation puts them:
+    Adam still steps on the zero gradient, so its momentum from an earlier step moves the weights as it should."""
+    skipped, forwards, flags = _two_step_lora(tmp_path / "skip", tiny_model_dir, beta, signal_first, skip=True)
+    full, full_forwards, full_flags = _two_step_lora(tmp_path / "full", tiny_model_dir, beta, signal_first, skip=False)
+    assert flags == skipped_steps and full_flags == [0.0, 0.0]
+    assert [count == 0 for count in forwards] == [flag == 1.0 for flag in skipped_steps]
+    assert all(count > 0 for count in full_forwards)
+    assert any(torch.count_nonzero(p) > 0 for n, p in full.items() if "lora_B" in n)  # the signal step moved LoRA
+    for name in full:
+        assert torch.allclose(skipped[name], full[name], rtol=0, atol=1e-7), name

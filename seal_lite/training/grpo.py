@@ -85,14 +85,38 @@ class SealGRPOTrainer(GRPOTrainer):
 
     seal_batch: RolloutBatch | None = None
     max_logprob_gap: float = 1.0
+    skip_without_signal: bool = True
+
+    def _no_learning_signal(self) -> bool:
+        """Every advantage of the step is 0, and the KL term is off or still at its minimum (the policy is the
+        reference: every LoRA B matrix is still 0), so the loss's gradient is exactly 0. Small models start
+        there (every trajectory of every group fails): the forward and backward passes are then skipped, while
+        the optimizer still steps on the zero gradient, so Adam's momentum carries on exactly as it would have."""
+        if not self.skip_without_signal or self.seal_batch is None or any(self.seal_batch.advantages):
+            return False
+        return self.beta == 0.0 or all(not p.any() for n, p in self.model.named_parameters() if "lora_B" in n)
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         advantages = torch.tensor(self.seal_batch.advantages, dtype=output["advantages"].dtype)
         output["advantages"] = advantages.to(output["advantages"].device)
-        if self.seal_batch.sampled_logprobs is not None:
+        if self.seal_batch.sampled_logprobs is not None and not self._no_learning_signal():
             self._filter_engine_gap(output)
         return output
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        if self._no_learning_signal():  # TRL's old log-probs: nothing will be compared with them
+            return torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device), None, None
+        return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                          *args, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self._no_learning_signal():
+            self._metrics["train"]["update_skipped"].append(1.0)
+            # 0 x every trainable parameter: a zero loss whose gradient is exactly zero, without a forward pass
+            return sum((p * 0).sum() for p in model.parameters() if p.requires_grad)
+        self._metrics["train"]["update_skipped"].append(0.0)
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     @torch.no_grad()
     def _filter_engine_gap(self, output) -> None:

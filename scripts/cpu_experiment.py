@@ -1,0 +1,126 @@
+"""The CPU experiment of docs/results.md: Qwen2.5-Coder-0.5B base vs vanilla GRPO vs SEAL.
+
+Every condition trains from recipes/cpu-qwen0.5b.yaml for the same budget (steps x tasks x G), once per seed,
+and is evaluated greedily on the same held-out subset (the first N base-category tasks of the eval split).
+Vanilla GRPO is that recipe with SEAL's parts off (plain interface, no diagnosis weights, no closed-loop rho),
+as in recipes/ablation-vanilla-grpo.yaml. Both use the rule labels (diagnoser off), as the paper does.
+
+Each finished run and evaluation is kept under --out, so running the same command again after a crash or
+Ctrl-C picks up where it stopped, and adding a seed only runs that seed. The last step prints the table.
+
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1 --steps 5 --eval-tasks 16
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+RECIPE = "recipes/cpu-qwen0.5b.yaml"
+COMMON = ["diagnoser.mode=off"]
+METHODS = {
+    "vanilla GRPO": ["interface.schema_cues=false", "interface.recovery_feedback=false",
+                     "interface.capability_hints=false", "grpo.diagnosis_weighting=false", "grpo.closed_loop=false"],
+    "SEAL": [],
+}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def seal_lite(*args: str) -> None:
+    command = [sys.executable, "-m", "seal_lite", *args]
+    print("$ seal-lite " + " ".join(args), flush=True)
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
+def sets(overrides: list[str]) -> list[str]:
+    return [arg for override in overrides for arg in ("--set", override)]
+
+
+def held_out_ids(per_category: int) -> str:
+    ids = (ROOT / "data" / "eval_ids.txt").read_text().split()
+    return ",".join([i for i in ids if i.startswith("multi_turn_base_")][:per_category])
+
+
+def evaluation(path: Path) -> dict:
+    """Strict accuracy and turn pass rate (%) of one evaluation JSON, which holds one model."""
+    (table,) = json.loads(path.read_text())["summary"].values()
+    return {key: 100 * table["mean"][key] for key in ("accuracy", "turn_pass_rate")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="0,1", help="comma-separated seeds, one run per method each")
+    parser.add_argument("--steps", type=int, default=5, help="SEAL steps per run (the fixed budget)")
+    parser.add_argument("--eval-tasks", type=int, default=16, help="held-out base tasks evaluated")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu-experiment")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    ids = held_out_ids(args.eval_tasks)
+    args.out.mkdir(parents=True, exist_ok=True)
+    budget = [f"grpo.steps={args.steps}", *COMMON]
+
+    base_json = args.out / "base.json"
+    if not base_json.exists():  # greedy decoding: the base model's score does not depend on the seed
+        seal_lite("eval", "qwen2.5-coder-0.5b", "--split", ids, *sets([f"rollout.{k}" for k in ROLLOUT]),
+                  "--json", str(base_json))
+    results = {"base": {None: evaluation(base_json)}}
+    training = {}
+    for seed in seeds:
+        for method, overrides in METHODS.items():
+            name = f"{'seal' if method == 'SEAL' else 'vanilla'}-seed{seed}"
+            run_dir, eval_json = args.out / name, args.out / f"{name}.json"
+            if not eval_json.exists():
+                if not (run_dir / "seal.db").exists() or not _finished(run_dir):
+                    seal_lite("run", RECIPE, "--out", str(run_dir), *sets([*budget, f"seed={seed}", *overrides]))
+                seal_lite("eval", str(run_dir), "--split", ids, "--json", str(eval_json))
+            results.setdefault(method, {})[seed] = evaluation(eval_json)
+            training.setdefault(method, {})[seed] = _training_rewards(run_dir)
+    print_tables(results, training, seeds)
+
+
+# the rollout budget of the recipe, for the base model's evaluation (a run's evaluation reads its own recipe)
+ROLLOUT = ["max_turns=2", "max_new_tokens=96", "max_model_calls=6", "max_calls_per_turn=2", "max_context_tokens=4096"]
+
+
+def _finished(run_dir: Path) -> bool:
+    import sqlite3
+
+    with sqlite3.connect(run_dir / "seal.db") as db:
+        (status,) = db.execute("select status from runs").fetchone()
+    return status == "finished"
+
+
+def _training_rewards(run_dir: Path) -> list[float]:
+    import sqlite3
+
+    with sqlite3.connect(run_dir / "seal.db") as db:
+        return [r for (r,) in db.execute("select reward_mean from steps order by step")]
+
+
+def _spread(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return f"{mean:.1f}"
+    return f"{mean:.1f} ± {statistics.stdev(values):.1f}"
+
+
+def print_tables(results: dict, training: dict, seeds: list[int]) -> None:
+    print("\n| model | strict accuracy % | turn pass rate % | per seed (strict / turn) |")
+    print("|---|---|---|---|")
+    for method, by_seed in results.items():
+        rows = list(by_seed.values())
+        per_seed = ", ".join(f"s{seed}: {r['accuracy']:.1f} / {r['turn_pass_rate']:.1f}"
+                             for seed, r in by_seed.items() if seed is not None) or "greedy, no seed"
+        print(f"| {method} | {_spread([r['accuracy'] for r in rows])} | "
+              f"{_spread([r['turn_pass_rate'] for r in rows])} | {per_seed} |")
+    print("\n| training reward per step | " + " | ".join(f"seed {s}" for s in seeds) + " |")
+    print("|---|" + "---|" * len(seeds))
+    for method, by_seed in training.items():
+        cells = [" ".join(f"{r:.2f}" for r in by_seed[s]) for s in seeds]
+        print(f"| {method} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
