@@ -1,14 +1,15 @@
 """The CPU experiment of docs/results.md: Qwen2.5-Coder-0.5B base vs vanilla GRPO vs SEAL.
 
-Every condition trains from recipes/cpu-qwen0.5b.yaml for the same budget (steps x tasks x G), once per seed,
-and is evaluated greedily on the same held-out subset (the first N base-category tasks of the eval split).
+Every condition trains from recipes/cpu-qwen0.5b.yaml for the same budget (steps x 2 tasks x G=4, tasks drawn
+from all 100 base-category training tasks in a seeded order, the same for both methods of a seed), once per
+seed, and is evaluated greedily on the same held-out subset (the first N base-category tasks of the eval split).
 Vanilla GRPO is that recipe with SEAL's parts off (plain interface, no diagnosis weights, no closed-loop rho),
 as in recipes/ablation-vanilla-grpo.yaml. Both use the rule labels (diagnoser off), as the paper does.
 
 Each finished run and evaluation is kept under --out, so running the same command again after a crash or
 Ctrl-C picks up where it stopped, and adding a seed only runs that seed. The last step prints the table.
 
-    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1 --steps 5 --eval-tasks 16
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1 --steps 6 --eval-tasks 16
 """
 
 import argparse
@@ -52,7 +53,7 @@ def evaluation(path: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds, one run per method each")
-    parser.add_argument("--steps", type=int, default=5, help="SEAL steps per run (the fixed budget)")
+    parser.add_argument("--steps", type=int, default=6, help="SEAL steps per run (the fixed budget)")
     parser.add_argument("--eval-tasks", type=int, default=16, help="held-out base tasks evaluated")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu-experiment")
     args = parser.parse_args()

@@ -63,7 +63,7 @@ def test_invalid_recipe_names_field_reason_and_fix(tmp_path):
 
 
 def test_small_real_run_prints_what_the_store_holds(tmp_path):
-    """SmolLM2-135M from its pip GGUF, real BFCL, real TRL update; the summary must match seal.db."""
+    """SmolLM2-135M from its pip GGUF, real BFCL, a real TRL step; the summary must match seal.db."""
     out = tmp_path / "run"
     settings = ["data.num_tasks=1", "grpo.tasks_per_step=1", "grpo.steps=1", "rollout.num_generations=2",
                 "rollout.max_new_tokens=16", "rollout.max_model_calls=2", "rollout.max_turns=1"]
@@ -97,10 +97,13 @@ def test_small_real_run_prints_what_the_store_holds(tmp_path):
     assert row("database") == str(out / "seal.db")
     assert steps[0]["loss"] is not None and (out / "adapter" / "adapter_config.json").exists()
 
-    # on a CPU the default rollout engine is llama.cpp with the exported LoRA; the engines' agreement is logged
+    # on a CPU the default rollout engine is llama.cpp with the exported LoRA. SmolLM2 fails every trajectory, so
+    # the step has no learning signal: the update is skipped, and with it the engines' log-prob comparison
     assert "rollouts llamacpp" in text
     metrics = dict(db.execute("select name, value from metrics where step = 1").fetchall())
-    assert 0 <= metrics["grpo/engine/logprob_gap_mean"] < 1.0
+    assert metrics["grpo/advantage_abs_mean"] == 0 and metrics["grpo/update_skipped"] == 1.0
+    assert "grpo/engine/logprob_gap_mean" not in metrics
+    assert "no learning signal" in text
     assert metrics["time/prefill_s"] > 0 and metrics["time/decode_s"] > 0 and metrics["time/update_s"] > 0
 
     # the trained policy next to the base model on a held-out task; results are stored with the run
@@ -129,3 +132,31 @@ def test_each_ablation_is_the_paper_recipe_minus_its_part():
     for name, parts in ablated.items():
         recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml").model_dump()
         assert sorted(recipe_differences(paper, recipe)) == sorted(["name", *parts]), name
+
+
+def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
+    """scripts/cpu_experiment.py's arms: SEAL is recipes/cpu-qwen0.5b.yaml, vanilla GRPO is that recipe with
+    exactly the parts recipes/ablation-vanilla-grpo.yaml turns off (and φ_err, φ_cap, which the paper lacks)."""
+    import importlib.util
+
+    from seal_lite.cli import _parse_overrides
+    from seal_lite.loop import recipe_differences
+
+    spec = importlib.util.spec_from_file_location("cpu_experiment", ROOT / "scripts" / "cpu_experiment.py")
+    experiment = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(experiment)
+    common = _parse_overrides(tuple(experiment.COMMON))
+    seal = load_recipe(ROOT / experiment.RECIPE, {**common, **_parse_overrides(tuple(experiment.METHODS["SEAL"]))})
+    vanilla = load_recipe(ROOT / experiment.RECIPE,
+                          {**common, **_parse_overrides(tuple(experiment.METHODS["vanilla GRPO"]))})
+    assert sorted(recipe_differences(seal.model_dump(), vanilla.model_dump())) == [
+        "grpo.closed_loop", "grpo.diagnosis_weighting", "interface.capability_hints", "interface.recovery_feedback",
+        "interface.schema_cues"]
+    assert seal.interface.schema_cues and seal.grpo.diagnosis_weighting and seal.grpo.closed_loop
+    paper_vanilla = load_recipe(ROOT / "recipes" / "ablation-vanilla-grpo.yaml")
+    assert (vanilla.interface, vanilla.grpo.diagnosis_weighting, vanilla.grpo.closed_loop) == (
+        paper_vanilla.interface, paper_vanilla.grpo.diagnosis_weighting, paper_vanilla.grpo.closed_loop)
+    # the base model is evaluated under the same rollout budget as the runs' own evaluations
+    base_rollout = load_recipe(None, _parse_overrides(tuple(f"rollout.{k}" for k in experiment.ROLLOUT))).rollout
+    assert base_rollout.model_dump(exclude={"backend", "num_generations", "temperature", "max_logprob_gap"}) == \
+        seal.rollout.model_dump(exclude={"backend", "num_generations", "temperature", "max_logprob_gap"})
