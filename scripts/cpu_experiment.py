@@ -7,9 +7,10 @@ Vanilla GRPO is that recipe with SEAL's parts off (plain interface, no diagnosis
 as in recipes/ablation-vanilla-grpo.yaml. Both use the rule labels (diagnoser off), as the paper does.
 
 Each finished run and evaluation is kept under --out, so running the same command again after a crash or
-Ctrl-C picks up where it stopped, and adding a seed only runs that seed. The last step prints the table.
+Ctrl-C picks up where it stopped, and adding a seed only runs that seed. The last step prints the tables.
 
-    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1 --steps 6 --eval-tasks 16
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0 --steps 6 --max-turns 2 --out runs/cpu-experiment
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1 --steps 6 --max-turns 1 --out runs/cpu-experiment-turn1
 """
 
 import argparse
@@ -26,6 +27,8 @@ METHODS = {
                      "interface.capability_hints=false", "grpo.diagnosis_weighting=false", "grpo.closed_loop=false"],
     "SEAL": [],
 }
+# the rollout budget of the recipe, for the base model's evaluation (a run's evaluation reads its own recipe)
+ROLLOUT = ["max_new_tokens=96", "max_model_calls=6", "max_calls_per_turn=2", "max_context_tokens=4096"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -55,17 +58,19 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds, one run per method each")
     parser.add_argument("--steps", type=int, default=6, help="SEAL steps per run (the fixed budget)")
     parser.add_argument("--eval-tasks", type=int, default=16, help="held-out base tasks evaluated")
+    parser.add_argument("--max-turns", type=int, default=2, help="user turns played per task, in training and "
+                        "evaluation (the reward is the verdict on those turns)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu-experiment")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     ids = held_out_ids(args.eval_tasks)
     args.out.mkdir(parents=True, exist_ok=True)
-    budget = [f"grpo.steps={args.steps}", *COMMON]
+    budget = [f"grpo.steps={args.steps}", f"rollout.max_turns={args.max_turns}", *COMMON]
 
     base_json = args.out / "base.json"
     if not base_json.exists():  # greedy decoding: the base model's score does not depend on the seed
-        seal_lite("eval", "qwen2.5-coder-0.5b", "--split", ids, *sets([f"rollout.{k}" for k in ROLLOUT]),
-                  "--json", str(base_json))
+        rollout = [f"rollout.{k}" for k in ROLLOUT] + [f"rollout.max_turns={args.max_turns}"]
+        seal_lite("eval", "qwen2.5-coder-0.5b", "--split", ids, *sets(rollout), "--json", str(base_json))
     results = {"base": {None: evaluation(base_json)}}
     training = {}
     for seed in seeds:
@@ -77,12 +82,8 @@ def main() -> None:
                     seal_lite("run", RECIPE, "--out", str(run_dir), *sets([*budget, f"seed={seed}", *overrides]))
                 seal_lite("eval", str(run_dir), "--split", ids, "--json", str(eval_json))
             results.setdefault(method, {})[seed] = evaluation(eval_json)
-            training.setdefault(method, {})[seed] = _training_rewards(run_dir)
+            training.setdefault(method, {})[seed] = _training(run_dir)
     print_tables(results, training, seeds)
-
-
-# the rollout budget of the recipe, for the base model's evaluation (a run's evaluation reads its own recipe)
-ROLLOUT = ["max_turns=2", "max_new_tokens=96", "max_model_calls=6", "max_calls_per_turn=2", "max_context_tokens=4096"]
 
 
 def _finished(run_dir: Path) -> bool:
@@ -93,11 +94,18 @@ def _finished(run_dir: Path) -> bool:
     return status == "finished"
 
 
-def _training_rewards(run_dir: Path) -> list[float]:
+def _training(run_dir: Path) -> dict:
+    """Per step: the mean reward; over the run: how many steps updated the policy (the others had no learning
+    signal) and the share of training turns that passed."""
     import sqlite3
 
     with sqlite3.connect(run_dir / "seal.db") as db:
-        return [r for (r,) in db.execute("select reward_mean from steps order by step")]
+        rewards = [r for (r,) in db.execute("select reward_mean from steps order by step")]
+        updates = "select count(*) from metrics where name = 'grpo/update_skipped' and value = 0"
+        (updated,) = db.execute(updates).fetchone()
+        passes = "select sum(label in ('pass', 'correct_abstention')), count(*) from turns"
+        (passed, turns) = db.execute(passes).fetchone()
+    return {"rewards": rewards, "updated": updated, "turn_pass_rate": 100 * passed / turns}
 
 
 def _spread(values: list[float]) -> str:
@@ -116,11 +124,14 @@ def print_tables(results: dict, training: dict, seeds: list[int]) -> None:
                              for seed, r in by_seed.items() if seed is not None) or "greedy, no seed"
         print(f"| {method} | {_spread([r['accuracy'] for r in rows])} | "
               f"{_spread([r['turn_pass_rate'] for r in rows])} | {per_seed} |")
-    print("\n| training reward per step | " + " | ".join(f"seed {s}" for s in seeds) + " |")
-    print("|---|" + "---|" * len(seeds))
+    print("\n| training | seed | reward per step | steps with an update | turn pass rate % |")
+    print("|---|---|---|---|---|")
     for method, by_seed in training.items():
-        cells = [" ".join(f"{r:.2f}" for r in by_seed[s]) for s in seeds]
-        print(f"| {method} | " + " | ".join(cells) + " |")
+        for seed in seeds:
+            run = by_seed[seed]
+            rewards = " ".join(f"{r:.2f}" for r in run["rewards"])
+            print(f"| {method} | {seed} | {rewards} | {run['updated']} of {len(run['rewards'])} | "
+                  f"{run['turn_pass_rate']:.1f} |")
 
 
 if __name__ == "__main__":
