@@ -10,7 +10,8 @@ Each finished run and evaluation is kept under --out, so running the same comman
 Ctrl-C picks up where it stopped, and adding a seed only runs that seed. The last step prints the tables.
 
     .venv/bin/python scripts/cpu_experiment.py --seeds 0 --steps 6 --max-turns 2 --out runs/cpu-experiment
-    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1 --steps 6 --max-turns 1 --out runs/cpu-experiment-turn1
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1,2 --steps 6 --max-turns 1 --eval-tasks 48 \
+        --out runs/cpu-experiment-turn1
 """
 
 import argparse
@@ -67,7 +68,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     budget = [f"grpo.steps={args.steps}", f"rollout.max_turns={args.max_turns}", *COMMON]
 
-    base_json = args.out / "base.json"
+    base_json = args.out / f"base-eval{args.eval_tasks}.json"
     if not base_json.exists():  # greedy decoding: the base model's score does not depend on the seed
         rollout = [f"rollout.{k}" for k in ROLLOUT] + [f"rollout.max_turns={args.max_turns}"]
         seal_lite("eval", "qwen2.5-coder-0.5b", "--split", ids, *sets(rollout), "--json", str(base_json))
@@ -76,7 +77,7 @@ def main() -> None:
     for seed in seeds:
         for method, overrides in METHODS.items():
             name = f"{'seal' if method == 'SEAL' else 'vanilla'}-seed{seed}"
-            run_dir, eval_json = args.out / name, args.out / f"{name}.json"
+            run_dir, eval_json = args.out / name, args.out / f"{name}-eval{args.eval_tasks}.json"
             if not eval_json.exists():
                 if not (run_dir / "seal.db").exists() or not _finished(run_dir):
                     seal_lite("run", RECIPE, "--out", str(run_dir), *sets([*budget, f"seed={seed}", *overrides]))
