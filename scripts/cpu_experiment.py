@@ -10,7 +10,7 @@ Each finished run and evaluation is kept under --out, so running the same comman
 Ctrl-C picks up where it stopped, and adding a seed only runs that seed. The last step prints the tables.
 
     .venv/bin/python scripts/cpu_experiment.py --seeds 0 --steps 6 --max-turns 2 --out runs/cpu-experiment
-    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1,2 --steps 6 --max-turns 1 --eval-tasks 48 \
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1 --steps 6 --max-turns 1 --eval-tasks 48 \
         --out runs/cpu-experiment-turn1
 """
 
