@@ -16,6 +16,7 @@ Ctrl-C picks up where it stopped, and adding a seed only runs that seed. The las
 
 import argparse
 import json
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -88,8 +89,6 @@ def main() -> None:
 
 
 def _finished(run_dir: Path) -> bool:
-    import sqlite3
-
     with sqlite3.connect(run_dir / "seal.db") as db:
         (status,) = db.execute("select status from runs").fetchone()
     return status == "finished"
@@ -98,8 +97,6 @@ def _finished(run_dir: Path) -> bool:
 def _training(run_dir: Path) -> dict:
     """Per step: the mean reward; over the run: how many steps updated the policy (the others had no learning
     signal) and the share of training turns that passed."""
-    import sqlite3
-
     with sqlite3.connect(run_dir / "seal.db") as db:
         rewards = [r for (r,) in db.execute("select reward_mean from steps order by step")]
         updates = "select count(*) from metrics where name = 'grpo/update_skipped' and value = 0"

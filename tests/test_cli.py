@@ -157,6 +157,7 @@ def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
     assert (vanilla.interface, vanilla.grpo.diagnosis_weighting, vanilla.grpo.closed_loop) == (
         paper_vanilla.interface, paper_vanilla.grpo.diagnosis_weighting, paper_vanilla.grpo.closed_loop)
     # the base model is evaluated under the same rollout budget as the runs' own evaluations
-    base_rollout = load_recipe(None, _parse_overrides(tuple(f"rollout.{k}" for k in experiment.ROLLOUT))).rollout
+    base_rollout = load_recipe(None, _parse_overrides(tuple(f"rollout.{k}" for k in experiment.ROLLOUT)
+                                                      + ("rollout.max_turns=2",))).rollout
     assert base_rollout.model_dump(exclude={"backend", "num_generations", "temperature", "max_logprob_gap"}) == \
         seal.rollout.model_dump(exclude={"backend", "num_generations", "temperature", "max_logprob_gap"})
