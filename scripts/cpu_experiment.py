@@ -16,11 +16,14 @@ Ctrl-C picks up where it stopped, and adding a seed only runs that seed. The las
 
 import argparse
 import json
-import sqlite3
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from seal_lite.diagnosis.labels import SUCCESS_LABELS
+from seal_lite.loop import run_status
+from seal_lite.store import Store
 
 RECIPE = "recipes/cpu-qwen0.5b.yaml"
 COMMON = ["diagnoser.mode=off"]
@@ -80,7 +83,7 @@ def main() -> None:
             name = f"{'seal' if method == 'SEAL' else 'vanilla'}-seed{seed}"
             run_dir, eval_json = args.out / name, args.out / f"{name}-eval{args.eval_tasks}.json"
             if not eval_json.exists():
-                if not (run_dir / "seal.db").exists() or not _finished(run_dir):
+                if run_status(run_dir) != "finished":
                     seal_lite("run", RECIPE, "--out", str(run_dir), *sets([*budget, f"seed={seed}", *overrides]))
                 seal_lite("eval", str(run_dir), "--split", ids, "--json", str(eval_json))
             results.setdefault(method, {})[seed] = evaluation(eval_json)
@@ -88,22 +91,15 @@ def main() -> None:
     print_tables(results, training, seeds)
 
 
-def _finished(run_dir: Path) -> bool:
-    with sqlite3.connect(run_dir / "seal.db") as db:
-        (status,) = db.execute("select status from runs").fetchone()
-    return status == "finished"
-
-
 def _training(run_dir: Path) -> dict:
     """Per step: the mean reward; over the run: how many steps updated the policy (the others had no learning
     signal) and the share of training turns that passed."""
-    with sqlite3.connect(run_dir / "seal.db") as db:
-        rewards = [r for (r,) in db.execute("select reward_mean from steps order by step")]
-        updates = "select count(*) from metrics where name = 'grpo/update_skipped' and value = 0"
-        (updated,) = db.execute(updates).fetchone()
-        passes = "select sum(label in ('pass', 'correct_abstention')), count(*) from turns"
-        (passed, turns) = db.execute(passes).fetchone()
-    return {"rewards": rewards, "updated": updated, "turn_pass_rate": 100 * passed / turns}
+    store = Store(run_dir / "seal.db")
+    labels = store.label_counts()
+    passed = sum(n for label, n in labels.items() if label in SUCCESS_LABELS)
+    return {"rewards": [step["reward_mean"] for step in store.steps()],
+            "updated": sum(1 for _, skipped in store.metrics("grpo/update_skipped") if skipped == 0),
+            "turn_pass_rate": 100 * passed / sum(labels.values())}
 
 
 def _spread(values: list[float]) -> str:
