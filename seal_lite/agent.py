@@ -4,6 +4,11 @@
 Each episode keeps the exact token ids the policy saw, with ``env_mask`` = 1 on tokens the policy generated
 and 0 on everything the environment wrote (system prompt, user turns, tool results, chat-template glue):
 only model tokens carry loss.
+
+The conversation is the official BFCL surface (SEAL_METHOD.md §8): a system message (the tool block, plus what
+the training interface adds), the task's user turns, and the environment's replies to tool calls as user
+messages. No ``tools=`` goes to the chat template: the tool block is already in the system message, so every
+model, with a tool template (Qwen) or without one (SmolLM2), sees the same text.
 """
 
 from __future__ import annotations
@@ -12,8 +17,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from seal_lite import profile
-from seal_lite.envs.bfcl import CallOutcome, Environment, Task, TurnRecord
-from seal_lite.interface import TrainingInterface, observation, render_view, reveal_message
+from seal_lite.envs.bfcl import CallOutcome, Environment, Task, TurnRecord, additional_functions_prompt
+from seal_lite.interface import (
+    TrainingInterface,
+    apply_schema_cues,
+    observation,
+    render_view,
+    revealed_tools_text,
+)
 from seal_lite.recipe import RolloutConfig
 
 
@@ -37,7 +48,7 @@ class Trajectory:
     messages: list[dict]
     turns: list[TurnRecord]
     num_model_calls: int = 0
-    stop_reason: str = "done"  # done | call_budget | context
+    stop_reason: str = "done"  # done | call_budget | response_budget | context
     sampled_logprobs: list[float] | None = None  # aligned with completion_ids (0 on env tokens); llama.cpp only
 
     def steps_per_turn(self) -> list[list[list[str]]]:
@@ -108,10 +119,14 @@ class _Episode:
     model_calls: int = 0
     stop_reason: str | None = None
 
+    def response_tokens(self) -> int:
+        """Tokens the model generated so far (the response budget counts these, over all turns)."""
+        return sum(self.conversation.mask)
+
 
 def tool_message(outcomes: list[CallOutcome], interface: TrainingInterface, visible: list[str]) -> dict:
-    results = [(o.canonical or (o.call.name if o.call else "call"), o.status, o.result) for o in outcomes]
-    return {"role": "tool", "content": observation(results, interface, visible)}
+    """The environment's reply to one model message: a user message, as the official service sends it."""
+    return {"role": "user", "content": observation([(o.status, o.result) for o in outcomes], interface, visible)}
 
 
 def rollout_group(
@@ -122,19 +137,19 @@ def rollout_group(
     interface: TrainingInterface,
 ) -> list[Trajectory]:
     """Play ``group_size`` episodes of ``task`` against fresh BFCL environments, batching model calls."""
-    view = render_view(task.visible_functions(0), interface)
-    first_user = _user_text(task, 0, interface)
-    episodes = []
-    for index in range(group_size):
-        messages = [{"role": "system", "content": view.system_prompt}, {"role": "user", "content": first_user}]
-        episodes.append(
-            _Episode(index, Environment(task), TokenConversation(generator.tokenizer, messages),
-                     [TurnRecord(first_user)])
-        )
+    messages = opening_messages(task, interface)
+    episodes = [_Episode(index, Environment(task), TokenConversation(generator.tokenizer, messages),
+                         [TurnRecord(messages[1]["content"])])
+                for index in range(group_size)]
+    for episode in episodes:  # a prompt that leaves no room for one message ends the episode before it starts
+        if len(episode.conversation.ids) + rollout.max_new_tokens > rollout.max_context_tokens:
+            episode.stop_reason = "context"
     while active := [e for e in episodes if e.stop_reason is None]:
+        max_new_tokens = rollout.max_new_tokens
+        if rollout.max_response_tokens is not None:  # checked after each message; a call never starts past it
+            max_new_tokens = min(max_new_tokens, max(rollout.max_response_tokens - e.response_tokens() for e in active))
         with profile.phase("generate"):
-            new_ids = generator.generate([e.conversation.ids for e in active], rollout.max_new_tokens,
-                                         rollout.temperature)
+            new_ids = generator.generate([e.conversation.ids for e in active], max_new_tokens, rollout.temperature)
         logprobs = getattr(generator, "sampled_logprobs", None) or [None] * len(active)
         for episode, ids, token_logprobs in zip(active, new_ids, logprobs, strict=True):
             _advance(episode, ids, token_logprobs, task, rollout, interface)
@@ -159,11 +174,32 @@ def _trajectory(task: Task, e: _Episode, sampled: bool) -> Trajectory:
     )
 
 
-def _user_text(task: Task, turn: int, interface: TrainingInterface) -> str:
-    text = task.user_message(turn)
-    if turn in task.revealed and turn > 0:
-        return reveal_message(task.revealed[turn], interface, text)
-    return text
+def opening_messages(task: Task, interface: TrainingInterface) -> list[dict]:
+    """What the policy reads before its first message: the system message of ``interface`` and the first turn."""
+    view = render_view(task.visible_functions(0), interface)
+    return [{"role": "system", "content": view.system_prompt}, {"role": "user", "content": user_text(task, 0, interface)}]
+
+
+def turn_text(tokenizer, task: Task, turn: int, interface: TrainingInterface) -> str:
+    """The exact text the policy reads at the start of user turn ``turn``, as its chat template renders it: the
+    whole opening for turn 0, else what that turn's user message adds to the conversation (the model's earlier
+    messages are whatever it wrote, so they are not shown)."""
+    opening = opening_messages(task, interface)
+    if turn == 0:
+        return TokenConversation(tokenizer, opening).text
+    before = opening + [{"role": "assistant", "content": "..."}]
+    after = before + [{"role": "user", "content": user_text(task, turn, interface)}]
+    earlier = tokenizer.apply_chat_template(before, tokenize=False)
+    return tokenizer.apply_chat_template(after, tokenize=False, add_generation_prompt=True).removeprefix(earlier)
+
+
+def user_text(task: Task, turn: int, interface: TrainingInterface) -> str:
+    """A user turn under ``interface``: the task's own text, or for a miss_func turn that reveals tools,
+    bfcl-eval's additional-function prompt with the revealed docs in the interface's format (and cues)."""
+    if turn in task.revealed and not task.turns[turn]:
+        docs = apply_schema_cues(task.revealed[turn]) if interface.schema_cues else task.revealed[turn]
+        return additional_functions_prompt(revealed_tools_text(docs, interface.tool_format))
+    return task.user_message(turn)
 
 
 def _advance(e: _Episode, ids: list[int], logprobs: list[float] | None, task: Task, rollout: RolloutConfig,
@@ -173,21 +209,25 @@ def _advance(e: _Episode, ids: list[int], logprobs: list[float] | None, task: Ta
     e.model_calls += 1
     e.calls_in_turn += 1
     with profile.phase("environment"):
-        outcomes = e.env.run(content, e.turn)
+        outcomes = e.env.run(content, e.turn, rollout.parser)
     if outcomes:
         e.turns[e.turn].outcomes_per_step.append(outcomes)
     visible = [doc["name"] for doc in task.visible_functions(e.turn)]
     pending = [tool_message(outcomes, interface, visible)] if outcomes else []
+    unfinished = bool(outcomes) or e.turn + 1 < len(task.turns)
     if e.model_calls >= rollout.max_model_calls:
-        e.stop_reason = "call_budget" if (outcomes or e.turn + 1 < len(task.turns)) else "done"
+        e.stop_reason = "call_budget" if unfinished else "done"
         return
-    if not outcomes or e.calls_in_turn >= rollout.max_calls_per_turn:
+    if rollout.max_response_tokens is not None and e.response_tokens() >= rollout.max_response_tokens:
+        e.stop_reason = "response_budget" if unfinished else "done"
+        return
+    if not outcomes or (rollout.max_calls_per_turn is not None and e.calls_in_turn >= rollout.max_calls_per_turn):
         e.turn += 1
         e.calls_in_turn = 0
         if e.turn >= len(task.turns):
             e.stop_reason = "done"
             return
-        user = _user_text(task, e.turn, interface)
+        user = user_text(task, e.turn, interface)
         e.turns.append(TurnRecord(user))
         pending.append({"role": "user", "content": user})
     e.conversation.add_env_messages(pending)

@@ -25,6 +25,7 @@ def main():
       seal-lite diagnose runs/quickstart     what went wrong, turn by turn
       seal-lite verify --input calls.jsonl   score any system's BFCL multi-turn calls
       seal-lite interface show runs/quickstart  the training interface, version by version
+      seal-lite prompt multi_turn_base_0     exactly what the policy reads, and its token count
       seal-lite doctor                       hardware, backends, models and a masking self-test
       seal-lite eval runs/quickstart --base  held-out tasks, trained policy next to its base model
       seal-lite report runs/quickstart       an HTML page with plots of the run
@@ -207,14 +208,18 @@ def _eval_task_ids(split: str, per_category: int | None) -> list[str]:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe field, e.g. --set rollout.max_turns=2 (repeatable).")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Also write the results to FILE (JSON).")
-def evaluate_command(target, split, per_category, base, steps, overrides, json_file):
+@click.option("--view", type=click.Choice(["official", "signatures"]), default="official", show_default=True,
+              help="official: BFCL's own task (every tool doc in full). signatures: one line per tool; its results "
+                   "are not BFCL scores and are marked so wherever they are printed or stored.")
+def evaluate_command(target, split, per_category, base, steps, overrides, json_file, view):
     """Evaluate a run's trained policy or a model on held-out BFCL tasks.
 
     TARGET is a run directory (its recipe and trained LoRA; results are stored in its seal.db) or a model
-    (a registry name, .gguf, directory or hub id). Decoding is greedy, the interface is the plain one (never the
-    training interface), and the score is the official multi-turn verdict, per category and as the mean over
-    categories, beside the turn pass rate (share of ground-truth turns passed). Budgets (turns, calls, tokens)
-    come from the recipe's rollout section.
+    (a registry name, .gguf, directory or hub id). Decoding is greedy and the view is the official BFCL surface
+    (never the training interface, whatever tool format the run trained with), calls are parsed strictly and a
+    turn is never capped; the score is the official multi-turn verdict, per category and as the mean over
+    categories, beside the turn pass rate (share of ground-truth turns passed). Episode budgets (turns, messages,
+    tokens) come from the recipe's rollout section.
 
     \b
     Examples:
@@ -227,7 +232,8 @@ def evaluate_command(target, split, per_category, base, steps, overrides, json_f
 
     from seal_lite.console import print_evaluation
     from seal_lite.envs.bfcl import load_tasks
-    from seal_lite.evaluate import evaluate, evaluation_engine, result_rows, summarize
+    from seal_lite.interface import NOT_BFCL_VIEW
+    from seal_lite.evaluate import evaluate, evaluation_engine, result_rows, summarize, view_label
 
     run_dir = Path(target) if (Path(target) / "seal.db").exists() else None
     store = None
@@ -245,11 +251,15 @@ def evaluate_command(target, split, per_category, base, steps, overrides, json_f
         config = _load(None, overrides + (f"policy.model={target}",))
         models = [("base", None)]
     tasks = [task.truncated(config.rollout.max_turns) for task in load_tasks(_eval_task_ids(split, per_category))]
+    if view != "official":
+        click.echo(f"note: the {view} view is {NOT_BFCL_VIEW}; these results are not BFCL multi-turn scores",
+                   err=True)
     summaries, everything = {}, {}
     for label, adapter in models:
+        label = view_label(label, view)
         click.echo(f"evaluating {label} on {len(tasks)} tasks ...", err=True)
         with tempfile.TemporaryDirectory() as work, evaluation_engine(config, adapter, Path(work)) as generator:
-            results = evaluate(tasks, generator, config.rollout, config.interface.tool_format)
+            results = evaluate(tasks, generator, config.rollout, view)
         summaries[label] = summarize(results)
         everything[label] = [vars(result) for result in results]
         if store is not None:
@@ -257,6 +267,65 @@ def evaluate_command(target, split, per_category, base, steps, overrides, json_f
     print_evaluation(summaries)
     if json_file:
         Path(json_file).write_text(json.dumps({"summary": summaries, "tasks": everything}, indent=2))
+
+
+@main.command()
+@click.argument("task_id")
+@click.option("--model", metavar="SPEC", help="Whose chat template and tokenizer render it (default: the run's "
+              "policy, or the quickstart's smollm2-135m).")
+@click.option("--run", "run_dir", type=click.Path(exists=True, file_okay=False),
+              help="Show the run's training interface instead of the evaluation view.")
+@click.option("--version", "number", type=int, help="With --run: the interface version (default: the latest).")
+@click.option("--turn", type=click.IntRange(min=0), default=0, show_default=True,
+              help="0: the whole opening (system message and first request); K: what user turn K adds.")
+def prompt(task_id, model, run_dir, number, turn):
+    """Print exactly what the policy reads for a BFCL task, and how many tokens it is.
+
+    Without --run it is the evaluation view: BFCL's official surface, every tool doc with its descriptions and
+    enums. With --run it is that run's training interface, version by version, as the policy saw it in training
+    (schema cues, guidelines, its tool format).
+
+    \b
+    Examples:
+      seal-lite prompt multi_turn_base_0
+      seal-lite prompt multi_turn_miss_func_3 --turn 2 --model qwen2.5-coder-0.5b
+      seal-lite prompt multi_turn_base_0 --run runs/quickstart --version 2
+    """
+    import json
+
+    from transformers import AutoTokenizer
+
+    from seal_lite.agent import turn_text
+    from seal_lite.envs.bfcl import load_tasks
+    from seal_lite.interface import evaluation_interface, interface_from_version
+    from seal_lite.loop import interface_for_task
+    from seal_lite.models import ModelSourceError, resolve_model
+
+    try:
+        (task,) = load_tasks([task_id])
+    except KeyError as error:
+        raise click.BadParameter(f"{error.args[0]}; use an id such as multi_turn_base_0", param_hint="TASK_ID") from None
+    if turn >= len(task.turns):
+        raise click.BadParameter(f"{task_id} has turns 0 to {len(task.turns) - 1}", param_hint="--turn")
+    interface, shown = evaluation_interface(), "the evaluation view (BFCL's official surface)"
+    if run_dir:
+        store = _open_run(run_dir)
+        versions = _versions(run_dir)
+        row = _version(versions, number if number is not None else max(versions), run_dir)
+        interface = interface_for_task(interface_from_version(row), task)
+        shown = f"training interface v{row['version']} of {run_dir}"
+        model = model or json.loads(store.run()["recipe"])["policy"]["model"]
+    elif number is not None:
+        raise click.BadParameter("--version needs --run", param_hint="--version")
+    model = model or "smollm2-135m"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(model), clean_up_tokenization_spaces=False)
+    except ModelSourceError as error:
+        raise click.ClickException(str(error)) from None
+    text = turn_text(tokenizer, task, turn, interface)
+    tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    click.echo(text)
+    click.echo(f"--- {task_id}, turn {turn} of {len(task.turns)}, {shown}, {model}: {tokens} tokens", err=True)
 
 
 @main.command()

@@ -297,6 +297,8 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
         "rollout.max_turns": turns, "rollout.max_new_tokens": max_new_tokens,
         "rollout.max_model_calls": max_model_calls, "policy.dtype": dtype, "grpo.beta": 0.0,
         "policy.backend": "peft",  # the gradient probe reads the LM head's output (see _Probe)
+        # the mask does not depend on how tools are shown; one-line signatures keep the prompt near 1k tokens
+        "interface.tool_format": "signatures",
     }
     recipe = load_recipe(None, overrides)
     task = load_tasks([task_id])[0].truncated(turns)

@@ -1,9 +1,14 @@
-"""Held-out evaluation: greedy decoding, the plain interface, the official verdict (SEAL_METHOD.md §2 step 11).
+"""Held-out evaluation: greedy decoding, the official surface, the official verdict (SEAL_METHOD.md §2 step 11).
 
-Each task is played once, greedily, under ``evaluation_interface()`` (no training state can reach it) and
-scored with bfcl-eval's multi-turn checker. Per category it reports the strict verdict, the paper's metric,
-and the turn pass rate: the share of ground-truth turns labelled pass or correct_abstention. The turn pass rate
-moves long before a small model solves a whole task.
+Each task is played once, greedily, under ``evaluation_interface()`` (no training state can reach it): BFCL's
+tool block with every doc in full, the strict parser, and no cap on the model messages of a turn (a turn ends
+when the model answers without a tool call; the episode's budgets come from the recipe). It is scored with
+bfcl-eval's multi-turn checker. Per category it reports the strict verdict, the paper's metric, and the turn
+pass rate: the share of ground-truth turns labelled pass or correct_abstention. The turn pass rate moves long
+before a small model solves a whole task.
+
+The one opt-out is ``view="signatures"`` (one line per tool): its results are not BFCL multi-turn scores, and
+every label they are shown or stored under says so (``view_label``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from seal_lite.agent import Generator, rollout_group
 from seal_lite.diagnosis.labels import SUCCESS_LABELS
 from seal_lite.diagnosis.verifier import diagnose_episode
 from seal_lite.envs.bfcl import CATEGORIES, Task
-from seal_lite.interface import evaluation_interface
+from seal_lite.interface import NOT_BFCL_VIEW, evaluation_interface
 from seal_lite.recipe import Recipe, RolloutConfig
 
 TABLE_ROWS = (*CATEGORIES, "mean")  # the paper's layout: one row per category, then their mean
@@ -33,10 +38,27 @@ class TaskResult:
     labels: list[str]
 
 
-def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, tool_format: str) -> list[TaskResult]:
+OFFICIAL_CONTEXT_TOKENS = 16384  # the paper's model context: the official tool block alone is 3-6k tokens
+
+
+def evaluation_rollout(rollout: RolloutConfig) -> RolloutConfig:
+    """The recipe's budgets with the official surface's rules: greedy (generators read temperature 0 as argmax),
+    strict parsing, no per-turn cap, and at least the paper's context, so the full tool docs always fit."""
+    return rollout.model_copy(update={
+        "temperature": 0.0, "parser": "strict", "max_calls_per_turn": None,
+        "max_context_tokens": max(rollout.max_context_tokens, OFFICIAL_CONTEXT_TOKENS),
+    })
+
+
+def view_label(model_label: str, view: str) -> str:
+    """How a result is named where it is printed and stored: marked when it is not the BFCL view."""
+    return model_label if view == "official" else f"{model_label} [{view} view: {NOT_BFCL_VIEW}]"
+
+
+def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, view: str = "official") -> list[TaskResult]:
     """Play every task once with greedy decoding under the plain interface; score it like BFCL does."""
-    greedy = rollout.model_copy(update={"temperature": 0.0})  # generators read 0 as argmax
-    interface = evaluation_interface(tool_format)
+    greedy = evaluation_rollout(rollout)
+    interface = evaluation_interface(view)
     results = []
     for task in tasks:
         [trajectory] = rollout_group(task, 1, generator, greedy, interface)
@@ -85,6 +107,7 @@ def evaluation_engine(recipe: Recipe, adapter: Path | None, work_dir: Path):
     from seal_lite.models import resolve_model
     from seal_lite.training.policy import load_policy
 
+    recipe = recipe.model_copy(update={"rollout": evaluation_rollout(recipe.rollout)})
     policy = load_policy(resolve_model(recipe.policy.model), recipe)
     model = policy.model
     if adapter is not None:

@@ -1,17 +1,22 @@
-"""The agent's view of a task and the training-time interface Omega (SEAL_METHOD.md §4).
+"""The agent's view of a task and the training-time interface Omega (SEAL_METHOD.md §4 and §8).
 
-Three components, each switchable, each a pure function of what the agent can see (tool docs, the
-observation, failure statistics), never of the ground truth:
+The plain view is the official BFCL surface of the SEAL release (``bfcl_qwen_fc``, SEAL_METHOD.md §8): the
+system message is the tool block Qwen2.5's chat template writes for ``tools=`` (every tool's BFCL doc as JSON
+inside <tools></tools>, then the <tool_call> format), tool results come back as <tool_response> blocks in a
+user message, and a rejected message is answered with the service's "[ERROR] Invalid tool call format: ...".
 
-* phi_schema (``apply_schema_cues``): " [required]" and " Allowed values: ..." in parameter descriptions, and
-  one rule line in the system prompt.
-* phi_err (``recovery_feedback``): after a call that failed, one hint chosen from the error text.
-* phi_cap (``capability_guidelines``): a "Guidelines" block in the system prompt, one line per label that is
-  frequent and costly in the failure statistics.
+Three training-only components sit on top of it, each switchable, each a pure function of what the agent can
+see (tool docs, the observation, failure statistics), never of the ground truth:
 
-``TrainingInterface`` holds which components are on and the current guideline lines; ``render_view`` and
-``observation`` apply it. ``evaluation_interface`` is the one function that builds what evaluation uses: the
-plain BFCL view, whatever the training interface has become.
+* phi_schema (``apply_schema_cues``): "[required]" and "Allowed values: ..." in the JSON docs' parameter
+  descriptions, and one rule line appended to the system message.
+* phi_err (``recovery_feedback``): after a failed call, one hint chosen from the error text.
+* phi_cap (``capability_guidelines``): a guidelines block appended to the system message, one line per label
+  that is frequent and costly in the failure statistics.
+
+With all three off, training sees exactly the evaluation view. ``TrainingInterface`` holds which components are
+on and the current guideline lines; ``render_view`` and ``observation`` apply it. ``evaluation_interface`` is the
+one function that builds what evaluation uses: the plain view, whatever the training interface has become.
 """
 
 from __future__ import annotations
@@ -21,16 +26,18 @@ import json
 import re
 from dataclasses import dataclass
 
-CALL_FORMAT = (
-    "To call tools, reply with one or more lines of the form\n"
-    '<tool_call>{"name": "tool_name", "arguments": {"argument": "value"}}</tool_call>\n'
-    "After the tool results arrive you may call more tools. When the request is done, or no tool fits, "
-    "answer in plain text without a tool call."
-)
-SCHEMA_CUE_LINE = (
-    "Supply every [required] parameter exactly as the schema names it, use only the allowed values, "
-    "and never invent a tool that is not in the list."
-)
+from seal_lite.envs.calls import REJECTED
+
+# The tool block, byte for byte as the SEAL release's tools_schema_to_qwen_prompt("bfcl_qwen_fc") writes it.
+TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_FOOTER = ("</tools>\n\nFor each function call, return a json object with function name and arguments within "
+                "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+NOT_BFCL_VIEW = "not the BFCL view"  # the mark on every evaluation result under the signatures view
+SCHEMA_CUE_LINE = ("Observation note: parameters marked [required] must be provided exactly when calling a tool; "
+                   "do not invent tools outside the current schema.")  # the release's observation_lite text
+GUIDELINES_HEADER = "# Behavioral guidelines (env-evolved from recent failures):"
 
 
 @dataclass(frozen=True)
@@ -46,42 +53,56 @@ class TrainingInterface:
     schema_cues: bool = False  # phi_schema
     recovery_feedback: bool = False  # phi_err
     guidelines: tuple[str, ...] = ()  # phi_cap lines shown now
-    tool_format: str = "signatures"
+    tool_format: str = "official"
 
     @property
     def plain(self) -> bool:
         return not (self.schema_cues or self.recovery_feedback or self.guidelines)
 
 
-def evaluation_interface(tool_format: str = "signatures") -> TrainingInterface:
+def evaluation_interface(tool_format: str = "official") -> TrainingInterface:
     """What evaluation sees: the plain view. It takes no training state, so none can reach it."""
     return TrainingInterface(tool_format=tool_format)
 
 
 def apply_schema_cues(functions: list[dict]) -> list[dict]:
-    """phi_schema on a copy of the tool docs: ' [required]' and ' Allowed values: ...' in parameter descriptions."""
+    """phi_schema on a copy of the tool docs: "[required]" and "Allowed values: ..." after parameter
+    descriptions, worded and joined as the release's observation_lite does."""
     cued = copy.deepcopy(functions)
     for doc in cued:
         parameters = doc.get("parameters", {})
         required = set(parameters.get("required", []))
         for name, spec in parameters.get("properties", {}).items():
-            description = spec.get("description", "")
-            if name in required:
-                description += " [required]"
+            additions = ["[required]"] if name in required else []
             if spec.get("enum"):
-                description += " Allowed values: " + ", ".join(str(value) for value in spec["enum"]) + "."
-            spec["description"] = description
+                additions.append("Allowed values: " + ", ".join(str(value) for value in spec["enum"]))
+            if additions:
+                spec["description"] = f"{spec.get('description', '')} {' '.join(additions)}".strip()
     return cued
 
 
 def render_tools(functions: list[dict], tool_format: str) -> str:
-    if tool_format == "json":
-        return "\n".join(json.dumps(doc, ensure_ascii=False) for doc in functions)
+    """The tool lines inside <tools></tools>: each BFCL doc as ``json.dumps`` writes it (official), or one short
+    signature per tool (the opt-in ``signatures`` format: about 6x fewer tokens, no descriptions or enums)."""
+    if tool_format == "official":
+        return "\n".join(json.dumps(doc) for doc in functions)
     return "\n".join(_signature(doc) for doc in functions)
 
 
+def tool_block(functions: list[dict], tool_format: str = "official") -> str:
+    """The system message of the official surface: the tool block alone."""
+    return "\n".join([TOOLS_HEADER, render_tools(functions, tool_format), TOOLS_FOOTER])
+
+
+def revealed_tools_text(functions: list[dict], tool_format: str) -> str:
+    """The docs a miss_func turn reveals, as they go into bfcl-eval's additional-function prompt."""
+    if tool_format == "official":
+        return json.dumps(functions, ensure_ascii=False)  # as the release writes them there
+    return render_tools(functions, tool_format)
+
+
 def _signature(doc: dict) -> str:
-    """One line per tool: name(param: type, ...): short description. About 6x fewer tokens than JSON."""
+    """One line per tool: name(param: type, ...): short description."""
     parameters = doc.get("parameters", {})
     required = set(parameters.get("required", []))
     params = []
@@ -100,46 +121,64 @@ def _signature(doc: dict) -> str:
 
 
 def render_view(functions: list[dict], interface: TrainingInterface) -> View:
-    """The system prompt and tool docs for one episode under ``interface``."""
+    """The system message and tool docs for one episode under ``interface``: the tool block, then what the
+    training interface adds, each part after an empty line (as the release appends its extra instructions)."""
     tools = apply_schema_cues(functions) if interface.schema_cues else copy.deepcopy(functions)
-    lines = ["You are an agent that completes the user's requests by calling tools.", "Available tools:"]
-    lines.append(render_tools(tools, interface.tool_format))
-    lines.append(CALL_FORMAT)
+    parts = [tool_block(tools, interface.tool_format)]
     if interface.schema_cues:
-        lines.append(SCHEMA_CUE_LINE)
+        parts.append(SCHEMA_CUE_LINE)
     if interface.guidelines:
-        lines.append("Guidelines:\n" + "\n".join(f"- {line}" for line in interface.guidelines))
-    return View("\n".join(lines), tools)
+        parts.append(GUIDELINES_HEADER + "\n" + "\n".join(f"- {line}" for line in interface.guidelines))
+    return View("\n\n".join(parts), tools)
 
 
-def reveal_message(new_functions: list[dict], interface: TrainingInterface, user_text: str) -> str:
-    """A user turn that also makes more tools visible (BFCL miss_func)."""
-    tools = apply_schema_cues(new_functions) if interface.schema_cues else new_functions
-    return f"New tools are now available:\n{render_tools(tools, interface.tool_format)}\n{user_text}"
-
-
-def observation(results: list[tuple[str, str, str]], interface: TrainingInterface, visible: list[str]) -> str:
-    """The tool message for one model step: ``call -> result`` per (call, status, result), and with phi_err
-    on, one recovery hint after each call that failed."""
-    lines = []
-    for call, status, result in results:
-        lines.append(f"{call} -> {result}")
-        if interface.recovery_feedback and status != "ok":
-            lines.append("Hint: " + recovery_feedback(status, result, visible))
-    return "\n".join(lines)
+def observation(results: list[tuple[str, str]], interface: TrainingInterface, visible: list[str]) -> str:
+    """The environment's reply to one model message from its calls' (status, result): each executed call's
+    result as a <tool_response> block, a rejected call's [ERROR] line once, joined by newlines; with phi_err on,
+    one hint after each failure."""
+    parts, seen = [], set()
+    for status, result in results:
+        if status in REJECTED:
+            if result in seen:  # a message the strict parser rejects whole carries one error line
+                continue
+            seen.add(result)
+            text = result
+        else:
+            text = f"<tool_response>\n{result}\n</tool_response>"
+        if interface.recovery_feedback and status not in ("ok", "rejected"):
+            text += "\nHint: " + recovery_feedback(status, result, visible)
+        parts.append(text)
+    return "\n".join(parts)
 
 
 # --- phi_err: recovery-oriented feedback ------------------------------------------------------------------
 
 PARSE_HINT = ("Write each call as <tool_call>{{\"name\": \"tool_name\", \"arguments\": {{...}}}}</tool_call>. "
               "Available tools: {tools}. If no tool fits, answer in plain text.")
-_ERROR_HINTS = [  # (pattern in the error text, hint): the first match wins
-    (r"missing (?:a|\d+) required (?:positional )?argument: '?(\w+)", "Supply the required argument '{0}'."),
-    (r"unexpected keyword argument '?(\w+)", "Drop the argument '{0}': this tool does not take it."),
-    (r"no such file|not found|does not exist", "Inspect first (for example list what is there) to find the exact name."),
-    (r"invalid character|'[^']*/[^']*'", "Go one step at a time: a name or path with several components is not accepted."),
-    (r"not authenticated|log ?in|authenticate", "Log in first with the authentication tool, then try again."),
-    (r"type|must be|invalid literal|not supported between|expected", "Re-check the argument types against the schema."),
+GENERIC_HINT = "Re-read the tool's schema and the error message, then correct the call."
+# (kind, pattern in the error text, hint): the first match wins. The kinds cover every error the eight BFCL API
+# classes return (tests/test_error_hints.py checks each one against its intended kind).
+ERROR_HINTS = [
+    ("missing_argument", r"missing (?:a|\d+) required (?:positional |keyword-only )?arguments?: '?(\w+)",
+     "Supply the required argument '{0}'."),
+    ("unexpected_argument", r"unexpected keyword argument '?(\w+)", "Drop the argument '{0}': this tool does not take it."),
+    ("log_in", r"not authenticated|log ?in|logged in|authenticate|access token|token (?:expired|not initialized)",
+     "Log in first with the authentication tool, then try again."),
+    ("one_step", r"invalid character|path not allowed|unsupported path|one folder level",
+     "Go one step at a time: a name or path with several components is not accepted."),
+    ("inspect", r"no such (?:file|directory)|not found|does not exist|not registered|already the root|"
+                r"is a directory|not a (?:file|directory)|invalid (?:stock symbol|departure|destination)",
+     "Inspect first (for example list what is there) to find the exact name."),
+    ("types", r"must be (?:a )?numbers?|must be an integer|unsupported operand|not supported between|"
+              r"invalid literal|must be (?:str|int|float|list|dict)|not iterable|can only concatenate",
+     "Re-check the argument types against the schema."),
+    ("value", r"invalid (?:mode|option|headlight|ignition|priority|travel class|date format|speed|fields)|wc: invalid mode|"
+              r"must be between|must be positive|must be one of|cannot be (?:negative|zero)|negative number|by zero|"
+              r"too large|empty list|is not supported|above the tank|no available (?:route|exchange)",
+     "Use a value the tool accepts: check the schema's allowed values, ranges and formats."),
+    ("precondition", r"before|already|exists|not empty|closed|insufficient|exceeded|budget|is empty|"
+                     r"needs to be pressed|press the brake",
+     "The current state does not allow this yet: do what the error asks first, then try again."),
 ]
 
 
@@ -150,11 +189,11 @@ def recovery_feedback(status: str, result: str, visible: list[str]) -> str:
         return PARSE_HINT.format(tools=tools)
     if status == "unknown_tool":
         return f"Use only the listed tools: {tools}."
-    for pattern, hint in _ERROR_HINTS:
+    for _, pattern, hint in ERROR_HINTS:
         match = re.search(pattern, result, re.IGNORECASE)
         if match:
-            return hint.format(*match.groups(), tools=tools)
-    return "Re-read the tool's schema and the error message, then correct the call."
+            return hint.format(*match.groups())
+    return GENERIC_HINT
 
 
 # --- phi_cap: capability guidelines -----------------------------------------------------------------------
@@ -183,6 +222,13 @@ def capability_guidelines(counts: dict[str, int], mean_rewards: dict[str, float]
             ranked.append((prevalence * (1 - reward), label))
     chosen = [label for _, label in sorted(ranked, key=lambda item: (-item[0], item[1]))[:MAX_LINES]]
     return tuple((hints or {}).get(label) or GUIDELINES[label] for label in chosen)
+
+
+def interface_from_version(row: dict) -> TrainingInterface:
+    """The training interface a stored version describes (``seal-lite prompt --run`` renders it)."""
+    components = row["components"]
+    return TrainingInterface(bool(components.get("schema_cues")), bool(components.get("recovery_feedback")),
+                             tuple(row.get("guidelines") or ()), components.get("tool_format") or "official")
 
 
 def describe_version(row: dict) -> str:

@@ -132,7 +132,8 @@ class SealStep:
                  progress: Progress = NoProgress(), diagnoser: Diagnoser | None = None):
         self.recipe, self.store, self.tasks, self.generator, self.progress = recipe, store, tasks, generator, progress
         self.diagnoser = diagnoser
-        self.utilities = initial_utilities() | recipe.grpo.utilities
+        self.bases = initial_utilities(recipe.grpo.utilities)  # b_z: the recipe's, where it sets them
+        self.utilities = dict(self.bases)
         self.statistics = FailureStatistics()
         self.step = 0
         self.steps_per_epoch = max(1, len(tasks) // recipe.grpo.tasks_per_step)
@@ -175,7 +176,7 @@ class SealStep:
         for task_id in task_ids:
             task = self.tasks[task_id]
             # 2-3. Render the training interface and roll out G trajectories against fresh BFCL environments.
-            interface = _guard(self.interface, task)
+            interface = interface_for_task(self.interface, task)
             group = rollout_group(task, G, self.generator, self.recipe.rollout, interface)
             for trajectory in group:
                 # 4. Verify: the official BFCL multi-turn verdict is the reward.
@@ -195,7 +196,7 @@ class SealStep:
         # 10, first half (before weighting, §5): closed-loop update of the label utilities rho.
         if self.recipe.grpo.closed_loop:
             self.utilities = update_utilities(
-                self.utilities, self.statistics.window_counts, self.statistics.window_mean_reward()
+                self.utilities, self.statistics.window_counts, self.statistics.window_mean_reward(), self.bases
             )
         # 7. Group advantages.  8. Diagnosis weights, then weighted advantages.
         advantages = [a for start in range(0, len(rewards), G) for a in group_advantages(rewards[start : start + G])]
@@ -344,7 +345,7 @@ class SealStep:
         return metrics
 
 
-def _guard(interface: TrainingInterface, task: Task) -> TrainingInterface:
+def interface_for_task(interface: TrainingInterface, task: Task) -> TrainingInterface:
     """The interface for one task, with any of its ground-truth argument values that its own conversation does
     not show removed from the guidelines (a diagnoser hint learned on another task could carry one)."""
     if not interface.guidelines:

@@ -60,12 +60,29 @@ class RolloutConfig(_Section):
     num_generations: int = Field(4, description="G: trajectories per task (the paper uses 8).")
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of training rollouts.")
     max_new_tokens: int = Field(48, ge=8, description="Token budget of one model call.")
-    max_model_calls: int = Field(6, ge=1, description="Model calls per episode, over all turns (paper: 20).")
-    max_calls_per_turn: int = Field(2, ge=1, description="Model calls per user turn before the turn is closed.")
+    max_model_calls: int = Field(6, ge=1, description="Model messages per episode, over all turns (paper: 20).")
+    max_calls_per_turn: int | None = Field(
+        2, ge=1, description="Training only: model messages per user turn before the turn is closed (None: no cap, "
+        "as in the paper). Evaluation never caps a turn: it ends when the model answers without a tool call.",
+    )
+    max_response_tokens: int | None = Field(
+        None, ge=8, description="Tokens the model may generate per episode, over all its messages (paper: 4096; "
+        "None: no budget beyond max_model_calls x max_new_tokens). Checked after each message.",
+    )
+    parser: Literal["strict", "lenient"] = Field(
+        "strict",
+        description="How model messages become calls. strict: the official surface (SEAL_METHOD.md §8): "
+        "<tool_call>{\"name\", \"arguments\"}</tool_call> blocks only, one malformed block or hidden tool rejects "
+        "the whole message. lenient: also BFCL's python-call form and unclosed blocks, rejecting only the bad "
+        "calls. Evaluation always uses strict.",
+    )
     max_turns: int | None = Field(
         2, ge=1, description="Play at most this many user turns per task (None: all). Keeps CPU runs short."
     )
-    max_context_tokens: int = Field(4096, ge=256, description="Stop the episode before the context exceeds this.")
+    max_context_tokens: int = Field(
+        8192, ge=256, description="Stop the episode before the context exceeds this (paper: 16384; the official tool "
+        "block alone is 3-5k tokens).",
+    )
     backend: Literal["auto", "transformers", "llamacpp"] = Field(
         "auto",
         description="Who generates rollouts: transformers (the trained model itself) or llamacpp (the policy's "
@@ -87,9 +104,11 @@ class InterfaceConfig(_Section):
     hints: Literal["template", "llm"] = Field(
         "template", description="Where guideline texts come from: fixed templates, or the local diagnoser's hints."
     )
-    tool_format: Literal["signatures", "json"] = Field(
-        "signatures",
-        description="How tools appear in the system prompt: one-line signatures (6x fewer tokens) or JSON schemas.",
+    tool_format: Literal["official", "signatures"] = Field(
+        "official",
+        description="How tools appear in the training system prompt. official: BFCL's JSON docs in the tool block "
+        "of SEAL_METHOD.md §8 (what evaluation shows). signatures: one line per tool, about 6x fewer tokens but "
+        "without descriptions or enums, for small CPU budgets; a training-time departure from the paper.",
     )
 
 
@@ -134,7 +153,12 @@ class GRPOConfig(_Section):
     beta: float = Field(0.001, ge=0.0, description="KL coefficient to the reference policy (paper: 0.001).")
     epsilon: float = Field(0.2, gt=0.0, description="PPO clip range (paper: 0.2).")
     loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field(
-        "dapo", description="TRL loss aggregation; dapo is the paper's token-mean."
+        "grpo", description="TRL loss aggregation. grpo: token-mean inside each trajectory, then the mean over "
+        "trajectories (the paper's micro-batch-1 token-mean); dapo: one token-mean over the whole batch.",
+    )
+    dual_clip: float | None = Field(
+        None, gt=1.0, description="Dual-clip c on negative advantages: the ratio's pessimistic term is capped at c "
+        "(verl's clip_ratio_c, trl's delta; paper: 10; None: off). Must exceed 1 + epsilon.",
     )
     diagnosis_weighting: bool = Field(True, description="Multiply advantages by the diagnosis weight w_j.")
     apply_to: Literal["all", "positive", "negative"] = Field(
@@ -142,8 +166,8 @@ class GRPOConfig(_Section):
     )
     closed_loop: bool = Field(True, description="Update label utilities rho each step (SEAL_METHOD.md §5).")
     utilities: dict[str, float] = Field(
-        {}, description="Starting rho per failure label, e.g. {state_mismatch: 1.2} (default: the base utilities b_z); "
-        "with closed_loop false they stay fixed (static rho).",
+        {}, description="Base utility b_z per label, e.g. {state_mismatch: 1.2} (default: SEAL_METHOD.md §3's table): "
+        "rho starts there, the closed-loop target scales it, and pass keeps it; with closed_loop false rho stays at it.",
     )
     mini_batches: int = Field(
         1, ge=1, description="Optimizer steps per SEAL step: the step's trajectories are split into this many "
@@ -200,6 +224,9 @@ class Recipe(_Section):
             raise _FieldError("grpo.mini_batches", self.grpo.mini_batches,
                               f"it must divide tasks_per_step x num_generations ({generation_batch}); "
                               f"use a divisor such as {max(d for d in (1, 2, 4) if generation_batch % d == 0)}")
+        if self.grpo.dual_clip is not None and self.grpo.dual_clip <= 1 + self.grpo.epsilon:
+            raise _FieldError("grpo.dual_clip", self.grpo.dual_clip, f"it must exceed 1 + grpo.epsilon "
+                              f"({1 + self.grpo.epsilon}) to cap only what PPO's clip leaves; the paper uses 10")
         if self.interface.hints == "llm" and self.diagnoser.mode == "off":
             raise _FieldError("interface.hints", "llm", "hints from the diagnoser need it on; set diagnoser.mode "
                               "to in_process (or server/url), or use interface.hints template")

@@ -60,3 +60,16 @@ def test_closed_loop_update_hand_computed():
     assert updated["state_mismatch"] == pytest.approx(0.75 + 0.25 * 1.375)
     assert updated["pass"] == 1.0
     assert updated["spurious_tool_call"] == pytest.approx(2.0)  # no occurrences: target is the base
+
+
+def test_closed_loop_keeps_the_recipe_bases():
+    """grpo.utilities sets b_z: rho starts there, the target scales it, and with no occurrences rho stays there
+    instead of decaying back to §3's table; pass keeps its configured base."""
+    bases = initial_utilities({"spurious_tool_call": 1.2, "state_mismatch": 0.8, "pass": 0.9})
+    rho = dict(bases)
+    for _ in range(20):
+        rho = update_utilities(rho, {"state_mismatch": 32, "pass": 32}, {"state_mismatch": 0.25}, bases)
+    assert rho["spurious_tool_call"] == pytest.approx(1.2)  # the default table says 2.0
+    assert rho["pass"] == 0.9
+    assert rho["state_mismatch"] == pytest.approx(0.8 * 1.375, rel=1e-3)  # converges to its own target
+    assert rho["empty_turn_model_response"] == pytest.approx(1.5)  # not overridden: the table's base

@@ -7,7 +7,7 @@ import sys
 from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.evaluate import evaluate, summarize
+from seal_lite.evaluate import evaluate, summarize, view_label
 from seal_lite.interface import SCHEMA_CUE_LINE
 from seal_lite.recipe import load_recipe
 
@@ -19,9 +19,10 @@ def test_ground_truth_scores_full_marks_under_the_plain_interface(smol_tokenizer
     tasks = [task.truncated(1) for task in load_tasks(IDS)]
     results = []
     for task, right in zip(tasks, [True, False, True], strict=True):
-        text = tool_call_text(task.ground_truth[0]) if right else "I need more details."
-        generator = ScriptedGenerator(smol_tokenizer, [[text]])
-        results += evaluate([task], generator, recipe.rollout, recipe.interface.tool_format)
+        # no per-turn cap at evaluation: after its calls the model must close the turn itself
+        script = [tool_call_text(task.ground_truth[0]), "Done."] if right else ["I need more details."]
+        generator = ScriptedGenerator(smol_tokenizer, [script])
+        results += evaluate([task], generator, recipe.rollout)
         assert SCHEMA_CUE_LINE not in smol_tokenizer.decode(generator.seen[0][0])  # the plain view
     assert [r.valid for r in results] == [True, False, True]
     table = summarize(results)
@@ -44,3 +45,22 @@ def test_eval_command_is_greedy_and_repeatable(tmp_path):
     [task] = outputs[0]["tasks"]["base"]
     assert task["task_id"] == "multi_turn_base_1" and task["turns"] == 2 and len(task["labels"]) == 2
     assert outputs[0]["summary"]["base"]["mean"]["tasks"] == 1
+
+
+def test_the_signatures_view_is_only_used_when_asked_and_is_marked(tmp_path):
+    path = tmp_path / "eval.json"
+    command = [sys.executable, "-m", "seal_lite", "eval", "smollm2-135m", "--split", "multi_turn_base_1",
+               "--set", "rollout.max_turns=1", "--set", "interface.tool_format=signatures", "--json", str(path)]
+    official = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    assert official.returncode == 0, official.stderr[-2000:]
+    assert list(json.loads(path.read_text())["summary"]) == ["base"]  # the recipe's tool format does not reach eval
+    marked = subprocess.run(command + ["--view", "signatures"], capture_output=True, text=True, timeout=600,
+                            check=False)
+    assert marked.returncode == 0, marked.stderr[-2000:]
+    assert "not the BFCL view" in marked.stderr and "not the BFCL view" in marked.stdout
+    assert list(json.loads(path.read_text())["summary"]) == ["base [signatures view: not the BFCL view]"]
+
+
+def test_the_view_label_marks_everything_but_the_official_view():
+    assert view_label("step 3", "official") == "step 3"
+    assert view_label("step 3", "signatures") == "step 3 [signatures view: not the BFCL view]"

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from seal_lite.diagnosis.labels import BASE_UTILITY
 from seal_lite.diagnosis.verifier import diagnose_episode
-from seal_lite.envs.bfcl import REFUSED_CALL, Environment, TurnRecord, load_tasks
-from seal_lite.envs.calls import parse_calls
+from seal_lite.envs.bfcl import Environment, TurnRecord, load_tasks
+from seal_lite.envs.calls import REJECTED, parse_calls
 
 EXAMPLES = int(os.environ.get("SEAL_LITE_FUZZ_EXAMPLES", "10000"))
 TASK = load_tasks(["multi_turn_miss_func_0"])[0].truncated(1)
@@ -118,14 +118,14 @@ seen = []
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
-@given(messages)
-def check_one_message(text):
+@given(messages, st.sampled_from(["strict", "lenient"]))
+def check_one_message(text, parser):
     seen.append(text)
     env = Environment(TASK)
     watcher = CallWatcher()
     sys.setprofile(watcher)
     try:
-        outcomes = env.run(text, 0)
+        outcomes = env.run(text, 0, parser)
     finally:
         sys.setprofile(None)
     assert watcher.forbidden == []
@@ -135,7 +135,7 @@ def check_one_message(text):
             assert outcome.call.name in VISIBLE
             assert parse_calls(outcome.checker_call).calls == [outcome.call]
         else:
-            assert outcome.checker_call in (None, REFUSED_CALL) and outcome.status in ("unknown_tool", "parse_error")
+            assert outcome.checker_call is None and outcome.status in REJECTED
     record = TurnRecord(TASK.user_message(0), [outcomes] if outcomes else [])
     diagnosis = diagnose_episode(TASK, [record])
     assert len(diagnosis.labels) == 1 and diagnosis.labels[0] in BASE_UTILITY

@@ -15,6 +15,7 @@ from seal_lite.diagnosis.explainer import argument_values, redact_unseen_values
 from seal_lite.envs.bfcl import Environment, load_tasks
 from seal_lite.interface import (
     GUIDELINES,
+    GUIDELINES_HEADER,
     SCHEMA_CUE_LINE,
     TrainingInterface,
     apply_schema_cues,
@@ -42,7 +43,8 @@ TRAIN_IDS = DATA.joinpath("train_ids.txt").read_text().split()
     ("[move(a=1)]", "Use only the listed tools: authenticate_twitter, cat, cd,"),
     ("[cat(file_name=3)]", "Re-check the argument types"),
     ("<tool_call>{bad</tool_call>", "Write each call as <tool_call>"),
-    ("[rmdir(dir_name='document')]", "Re-read the tool's schema"),  # 'Directory not empty': no specific hint
+    ("[rmdir(dir_name='document')]", "The current state does not allow this yet"),  # Directory not empty
+    ("[cd(folder='..')]", "Inspect first"),  # at the root: "cd: ..: No such directory"
 ])
 def test_recovery_feedback_picks_a_hint_from_the_real_error(call, hint):
     task = load_tasks(["multi_turn_base_0"])[0]
@@ -50,9 +52,9 @@ def test_recovery_feedback_picks_a_hint_from_the_real_error(call, hint):
     assert outcome.status != "ok"
     visible = [doc["name"] for doc in task.visible_functions(0)]
     assert recovery_feedback(outcome.status, outcome.result, visible).startswith(hint)
-    text = observation([(outcome.shown, outcome.status, outcome.result)], TrainingInterface(recovery_feedback=True), visible)
+    text = observation([(outcome.status, outcome.result)], TrainingInterface(recovery_feedback=True), visible)
     assert text.endswith("Hint: " + recovery_feedback(outcome.status, outcome.result, visible))
-    assert "Hint:" not in observation([(outcome.shown, outcome.status, outcome.result)], TrainingInterface(), visible)
+    assert "Hint:" not in observation([(outcome.status, outcome.result)], TrainingInterface(), visible)
 
 
 def test_guidelines_follow_the_selection_rule():
@@ -77,20 +79,21 @@ statistics = st.tuples(st.dictionaries(labels, st.integers(0, 60)), st.dictionar
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(statistics, st.booleans(), st.booleans(), st.sampled_from(["signatures", "json"]),
+@given(statistics, st.booleans(), st.booleans(), st.sampled_from(["signatures", "official"]),
        st.sampled_from(TRAIN_IDS[:40]))
 def test_evaluation_sees_the_plain_view_whatever_the_training_interface(stats, cues, feedback, tool_format, task_id):
     task = load_tasks([task_id])[0]
     training = TrainingInterface(cues, feedback, capability_guidelines(*stats), tool_format)
-    evaluation = evaluation_interface(tool_format)
+    evaluation = evaluation_interface()
     functions = task.visible_functions(0)
-    view, plain = render_view(functions, evaluation), render_view(functions, TrainingInterface(tool_format=tool_format))
+    view, plain = render_view(functions, evaluation), render_view(functions, TrainingInterface())
     assert view == plain and view.tools == functions  # the BFCL docs, untouched
-    for marker in (SCHEMA_CUE_LINE, "Guidelines:", "[required]", "Allowed values:"):
+    for marker in (SCHEMA_CUE_LINE, GUIDELINES_HEADER, "[required]", "Allowed values:"):
         assert marker not in view.system_prompt
-    results = [("cd(folder='x')", "tool_error", '{"error": "cd: x: No such file or directory"}'), ("ls()", "ok", "{}")]
+    results = [("tool_error", '{"error": "cd: x: No such file or directory"}'), ("ok", "{}")]
     visible = [doc["name"] for doc in functions]
-    assert observation(results, evaluation, visible) == "cd(folder='x') -> " + results[0][2] + "\nls() -> {}"
+    assert observation(results, evaluation, visible) == \
+        f"<tool_response>\n{results[0][1]}\n</tool_response>\n<tool_response>\n{{}}\n</tool_response>"
     if not training.plain:  # and the training interface does change what the policy sees
         assert render_view(functions, training) != view or observation(results, training, visible) != \
             observation(results, evaluation, visible)
@@ -100,7 +103,7 @@ def test_evaluation_episode_is_byte_identical_to_a_plain_one(smol_tokenizer):
     task = load_tasks(["multi_turn_base_0"])[0].truncated(2)
     script = ['<tool_call>{"name": "cd", "arguments": {"folder": "nowhere"}}</tool_call>', "Done.", "Done."]
     rollout = Recipe().rollout.model_copy(update={"max_calls_per_turn": 2})
-    trained = TrainingInterface(True, True, capability_guidelines({"state_mismatch": 50}, {}), "signatures")
+    trained = TrainingInterface(True, True, capability_guidelines({"state_mismatch": 50}, {}))
     runs = {}
     for name, interface in (("plain", TrainingInterface()), ("evaluation", evaluation_interface()),
                             ("training", trained)):
@@ -115,7 +118,10 @@ def test_evaluation_episode_is_byte_identical_to_a_plain_one(smol_tokenizer):
 def test_no_component_reveals_an_unseen_ground_truth_value_on_any_training_task():
     """Over all 400 training tasks: phi_schema, phi_err and phi_cap texts carry no ground-truth argument value
     that the task's own plain conversation (its BFCL tool docs and user turns) does not already show."""
-    error_texts = [("parse_error", "Error: could not parse the tool call"), ("unknown_tool", "Error: unknown tool 'x'"),
+    error_texts = [("parse_error", "[ERROR] Invalid tool call format: Tool call JSON must contain both 'name' and "
+                                   "'arguments'."),
+                   ("unknown_tool", "[ERROR] Invalid tool call format: Tool 'x' is not available in the current tool "
+                                    "list."),
                    ("argument_error", "Error during execution: missing a required argument: 'name'"),
                    ("argument_error", "Error during execution: got an unexpected keyword argument 'mode'"),
                    ("tool_error", '{"error": "No such file or directory"}'),
@@ -127,7 +133,7 @@ def test_no_component_reveals_an_unseen_ground_truth_value_on_any_training_task(
         seen = json.dumps(functions) + " ".join(task.user_message(i) for i in range(len(task.turns)))
         hidden = argument_values([call for turn in task.ground_truth for call in turn])
         visible = [doc["name"] for doc in functions]
-        texts = [render_tools(apply_schema_cues(functions), fmt) for fmt in ("signatures", "json")]
+        texts = [render_tools(apply_schema_cues(functions), fmt) for fmt in ("signatures", "official")]
         texts += [SCHEMA_CUE_LINE, *GUIDELINES.values()]
         texts += [recovery_feedback(status, error, visible) for status, error in error_texts]
         for text in texts:
@@ -153,7 +159,7 @@ def test_interface_versions_evolve_with_failures_and_are_shown(tmp_path, smol_to
     assert "guideline added" in versions[1]["reason"]
     # step 2 rolled out under version 2: its system prompt carries the guideline; step 1's did not
     prompts = {row["step"]: json.loads(row["messages"])[0]["content"] for row in store.db["trajectories"].rows}
-    assert "Guidelines:" in prompts[2] and "Guidelines:" not in prompts[1]
+    assert GUIDELINES_HEADER in prompts[2] and GUIDELINES_HEADER not in prompts[1]
     rho = store.db.execute("select step, count(*) from metrics where name like 'rho/%' group by step").fetchall()
     assert rho == [(1, 7), (2, 7)]  # the utilities of the 7 weighted labels, stored every step
 

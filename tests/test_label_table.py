@@ -35,7 +35,8 @@ CASES = [
     ("empty_turn_model_response", "invalid_tool_call", "multi_turn_base_0", 0, ['[mkdir(dir_name="temp"']),
     ("state_mismatch", "state_mismatch", "multi_turn_base_0", 0,
      ["cd(folder='document')", "mkdir(dir_name='tmp')", "mv(source='final_report.pdf', destination='tmp')"]),
-    ("state_mismatch", "invalid_tool_call", "multi_turn_base_0", 0, ["move_file(source='final_report.pdf')"]),
+    ("state_mismatch", "invalid_tool_call", "multi_turn_base_0", 0,
+     ["cd(folder='document')", "move_file(source='final_report.pdf')"]),
     ("state_mismatch", "argument_mismatch", "multi_turn_base_0", 0,
      ["cd(folder='document')", "mkdir(dir_name='temp', mode=7)", "mv(source='final_report.pdf', destination='temp')"]),
     ("response_mismatch", "missing_tool_call", "multi_turn_base_0", 1, ["cd(folder='temp')"]),
@@ -84,7 +85,7 @@ def test_instance_mismatch_when_the_instantiated_classes_differ():
     # cannot reach this rule; the comparison still labels it from real instances.
     task = load_tasks(["multi_turn_base_0"])[0]
     instances = bfcl.Environment(task).instances
-    evidence = TurnEvidence(gt_calls=1, model_calls=1, decoded_calls=1, executed_calls=1)
+    evidence = TurnEvidence(gt_calls=1, model_calls=1, decoded_calls=1)
     model_only = {name: instance for name, instance in instances.items() if name != "TwitterAPI"}
     bfcl._compare(evidence, model_only, instances, [], [])
     assert label_turn(evidence) == ("instance_mismatch", "state_mismatch")

@@ -5,9 +5,9 @@ For every mutant of the corpus (seal_lite/envs/mutations.py, built from the data
   official multi-turn checker run directly on the mutant's call strings;
 * the verdict read off the turn evidence alone equals it, and the first turn that fails carries the label
   that matches the official error type.
-The one place seal-lite departs from the official executor on purpose: a call to a tool the turn does not show
-is refused. The ground truth of multi_turn_miss_func_49 makes such a call; there the comparison is with the
-official checker given that call as refused.
+As in the SEAL release's service (SEAL_METHOD.md §8), a call to a tool the turn does not show is rejected before
+execution and is not a decoded call: the checker never sees it. The ground truth of multi_turn_miss_func_49 makes
+such a call; there the comparison is with the official checker given the calls without it.
 """
 
 import hashlib
@@ -21,7 +21,7 @@ import pytest
 
 from seal_lite.diagnosis.labels import OFFICIAL_ERROR_LABELS, passes_checker
 from seal_lite.diagnosis.verifier import diagnose_episode
-from seal_lite.envs.bfcl import REFUSED_CALL, load_tasks, official_verdict, replay_calls
+from seal_lite.envs.bfcl import load_tasks, official_verdict, replay_calls
 from seal_lite.envs.calls import parse_calls
 from seal_lite.envs.mutations import KINDS, corpus
 
@@ -40,11 +40,11 @@ def mutants(tasks):
 
 
 def as_admitted(task, turns):
-    """The call strings as the official checker should see them once hidden tools are refused."""
+    """The call strings as the official checker should see them once calls of hidden tools are rejected."""
     admitted = []
     for index, calls in enumerate(turns):
         visible = {doc["name"] for doc in task.visible_functions(index)}
-        admitted.append([call if parse_calls(call).calls[0].name in visible else REFUSED_CALL for call in calls])
+        admitted.append([call for call in calls if parse_calls(call).calls[0].name in visible])
     return admitted
 
 
@@ -82,3 +82,26 @@ def test_verdict_and_labels_agree_with_the_official_checker(tasks, mutants):
     assert disagreements == []
     # the corpus exercises both verdicts in earnest
     assert outcomes[True] >= 200 and outcomes[False] >= 1000
+
+
+def test_the_same_calls_sent_as_tool_call_blocks_score_alike_under_the_strict_parser(tasks, mutants):
+    """The official surface: each turn's calls in one message of <tool_call> JSON blocks, parsed strictly. A
+    message naming a hidden tool is rejected whole, so the checker gets none of its calls."""
+    checked, disagreements = 0, []
+    for mutant in mutants[::4]:
+        task = tasks[mutant.task_id]
+        parsed = [parse_calls("[" + ", ".join(calls) + "]").calls for calls in mutant.turns]
+        if any(call.positional for calls in parsed for call in calls):
+            continue  # BFCL's python form with positional values has no JSON equivalent
+        messages = ["\n".join("<tool_call>" + json.dumps({"name": c.name, "arguments": c.arguments}) + "</tool_call>"
+                              for c in calls) for calls in parsed]
+        diagnosis = diagnose_episode(task, replay_calls(task, [[m] if m else [] for m in messages], "strict"))
+        admitted = []
+        for index, calls in enumerate(mutant.turns):
+            visible = {doc["name"] for doc in task.visible_functions(index)}
+            whole = all(call.name in visible for call in parsed[index])
+            admitted.append([calls] if calls and whole else [])
+        if diagnosis.valid != official_verdict(task, admitted)["valid"]:
+            disagreements.append(mutant.id)
+        checked += 1
+    assert disagreements == [] and checked >= 400

@@ -52,3 +52,19 @@ def test_four_workers_give_the_serial_results_in_order():
     parallel = list(verify_lines(lines, workers=4))
     assert parallel == serial
     assert len(serial) == len(lines) and {r["valid"] for r in serial} == {True, False, None}
+
+
+def test_a_turn_whose_only_call_names_no_real_tool_is_an_empty_turn():
+    """A call of a tool that does not exist is rejected, so it is no decoded call (SEAL_METHOD.md §8): the turn is
+    empty_turn_model_response, and the verdict is bfcl-eval's on the calls without it."""
+    from seal_lite.envs.bfcl import official_verdict
+
+    (base,) = load_tasks(["multi_turn_base_0"])
+    turns = [["move_everything(to='temp')"], *base.ground_truth[1:]]
+    result = CliRunner().invoke(main, ["verify", "--input", "-", "--workers", "1"],
+                                input=line("multi_turn_base_0", turns) + "\n")
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record["labels"][0] == "empty_turn_model_response" and record["causes"][0] == "invalid_tool_call"
+    official = official_verdict(base, [[]] + [[calls] for calls in base.ground_truth[1:]])
+    assert record["valid"] is official["valid"] is False
+    assert official["error_type"] == "multi_turn:empty_turn_model_response"

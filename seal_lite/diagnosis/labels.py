@@ -39,8 +39,7 @@ class TurnEvidence:
 
     gt_calls: int  # number of ground-truth calls in the turn
     model_calls: int  # calls the model attempted (parsed or not)
-    decoded_calls: int  # calls the official checker sees: parsed calls, including refused ones
-    executed_calls: int  # calls that reached a visible tool
+    decoded_calls: int  # accepted calls: parsed and visible this turn, run, and seen by the official checker
     gt_error: str | None = None
     checker_error: str | None = None
     instances_match: bool = True
@@ -59,7 +58,8 @@ def label_turn(evidence: TurnEvidence) -> tuple[str, str | None]:
     if e.gt_error:
         label = "gt_error"
     elif e.gt_calls == 0:
-        label = "spurious_tool_call" if e.model_calls > 0 else "correct_abstention"
+        # rejected attempts are no calls (SEAL_METHOD.md §8): only accepted ones make a turn spurious
+        label = "spurious_tool_call" if e.decoded_calls > 0 else "correct_abstention"
     elif e.decoded_calls == 0:
         label = "empty_turn_model_response"
     elif not e.instances_match:
@@ -100,6 +100,6 @@ def failure_cause(e: TurnEvidence, label: str) -> str | None:
         return "recovery_failure"
     if label == "spurious_tool_call":
         return None  # the call itself is the failure; none of the paper's kinds fits better
-    if label == "empty_turn_model_response" or e.executed_calls < e.gt_calls:
+    if label == "empty_turn_model_response" or e.decoded_calls < e.gt_calls:
         return "missing_tool_call"
     return "response_mismatch"

@@ -5,7 +5,9 @@ This is the only module that imports ``bfcl_eval``. Three things happen here:
 * ``load_tasks`` reads the real BFCL v3 multi-turn entries (shipped as BFCL_v4_multi_turn_*) with their tool
   docs and ground truth.
 * ``Environment`` holds fresh API instances for one episode and dispatches parsed ``ToolCall``s by
-  ``getattr`` to the methods visible in the current turn: model text is never evaluated.
+  ``getattr`` to the methods visible in the current turn: model text is never evaluated. Its answers read as
+  the SEAL release's BFCL service writes them (SEAL_METHOD.md §8): a tool's result as bfcl-eval's executor
+  formats it, a rejected message as "[ERROR] Invalid tool call format: ...".
 * ``official_verdict`` runs bfcl-eval's own ``multi_turn_checker``, and ``turn_evidence`` replays the same
   calls turn by turn to explain every ground-truth turn. Both hand bfcl-eval only canonical call strings that
   seal-lite built from parsed literals (``ToolCall.to_python``), because bfcl-eval ``eval``s them.
@@ -22,7 +24,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
 from bfcl_eval.constants.eval_config import MULTI_TURN_FUNC_DOC_PATH, PROMPT_PATH
 from bfcl_eval.constants.executable_backend_config import (
     CLASS_FILE_PATH_MAPPING,
@@ -33,15 +35,11 @@ from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as checker
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
 from seal_lite.diagnosis.labels import TurnEvidence
-from seal_lite.envs.calls import ToolCall, parse_calls
+from seal_lite.envs.calls import REJECTED, ToolCall, parse_calls
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 ERROR_PREFIX = "Error during execution:"
-# What the checker receives in place of a call the environment refused (a tool that does not exist or is not
-# visible yet). BFCL's executor would run any decoded call and record an error for unknown names, so a refused
-# call still counts as a (failed) model call, exactly as in the official runner, yet no model text is evaluated:
-# this constant is not a defined name, so the executor records "Error during execution: name ... is not defined".
-REFUSED_CALL = "seal_lite_refused_call()"
+INVALID_FORMAT = "[ERROR] Invalid tool call format:"  # the official service's reply to a rejected message
 
 
 @dataclass
@@ -73,11 +71,19 @@ class Task:
         return docs
 
     def user_message(self, turn_index: int) -> str:
-        """The text of a user turn; a reveal-only turn gets BFCL's own 'more functions' prompt."""
+        """The text of a user turn as the official surface sends it; a miss_func turn that only reveals tools
+        gets bfcl-eval's additional-function prompt with the revealed docs."""
         messages = self.turns[turn_index]
         if not messages:
-            return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+            return additional_functions_prompt(json.dumps(self.revealed.get(turn_index, []), ensure_ascii=False))
         return "\n".join(message["content"] for message in messages)
+
+
+def additional_functions_prompt(functions_text: str) -> str:
+    """The user message of a miss_func turn that reveals tools: bfcl-eval's additional-function prompt around
+    the revealed docs, as the SEAL release sends it (its system message is never re-rendered, so the docs travel
+    in this message)."""
+    return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(functions=functions_text)
 
 
 def category_of(task_id: str) -> str:
@@ -105,9 +111,9 @@ def _category_entries(category: str) -> dict[str, Task]:
     tasks = {}
     for entry in _read_jsonl(PROMPT_PATH / stem):
         functions = [doc for cls in entry["involved_classes"] for doc in _class_docs(cls)]
-        revealed = {}
+        revealed = {}  # as bfcl-eval's populate_test_cases_with_predefined_functions moves them, in name order
         for turn, names in entry.get("missed_function", {}).items():
-            revealed[int(turn)] = [doc for doc in functions if doc["name"] in names]
+            revealed[int(turn)] = [doc for name in names for doc in functions if doc["name"] == name][:len(names)]
             functions = [doc for doc in functions if doc["name"] not in names]
         tasks[entry["id"]] = Task(
             id=entry["id"],
@@ -139,12 +145,12 @@ def _read_jsonl(path) -> list[dict]:
 class CallOutcome:
     call: ToolCall | None  # None when the text could not be parsed
     result: str
-    status: str  # "ok" | "tool_error" | "argument_error" | "unknown_tool" | "parse_error"
+    status: str  # "ok" | "tool_error" | "argument_error" | one of REJECTED
     canonical: str = ""  # the call as dispatched, in BFCL python form (tools may later mutate argument lists)
 
     @property
     def executed(self) -> bool:
-        return self.status in ("ok", "tool_error", "argument_error")
+        return self.status not in REJECTED
 
     @property
     def shown(self) -> str:
@@ -153,11 +159,10 @@ class CallOutcome:
 
     @property
     def checker_call(self) -> str | None:
-        """The call string the official checker gets: the dispatched call, REFUSED_CALL for a refused one,
-        None for text that did not parse (BFCL's decoder would not have produced a call either)."""
-        if self.executed:
-            return self.canonical
-        return REFUSED_CALL if self.status == "unknown_tool" else None
+        """The call string the official checker gets: the dispatched call, or None for a call that was rejected
+        (unparseable, or naming a tool the turn does not show). As in the SEAL release, a rejected call is not a
+        decoded call: the checker never sees it."""
+        return self.canonical if self.executed else None
 
 
 def _new_instances(task: Task) -> dict[str, object]:
@@ -183,23 +188,33 @@ class Environment:
                 if not name.startswith("_"):
                     self._methods[name] = method
 
-    def run(self, model_text: str, turn_index: int) -> list[CallOutcome]:
-        """Parse one model message and execute its calls; returns one outcome per attempted call."""
-        parsed = parse_calls(model_text)
-        outcomes = [CallOutcome(None, f"Error: could not parse the tool call ({error})", "parse_error") for error in parsed.errors]
+    def run(self, model_text: str, turn_index: int, parser: str = "lenient") -> list[CallOutcome]:
+        """Parse one model message and execute its calls; returns one outcome per attempted call.
+
+        ``strict`` (the official surface) rejects the whole message when one of its blocks is malformed or names
+        a tool the turn does not show; ``lenient`` rejects only the offending calls.
+        """
+        parsed = parse_calls(model_text, parser)
+        outcomes = [CallOutcome(None, f"{INVALID_FORMAT} {error}", "parse_error") for error in parsed.errors]
         visible = {doc["name"] for doc in self.task.visible_functions(turn_index)}
+        hidden = [call for call in parsed.calls if call.name not in visible or call.name not in self._methods]
+        if parser == "strict" and hidden:
+            message = _not_available(hidden[0].name)
+            return [CallOutcome(call, message, "unknown_tool" if call in hidden else "rejected")
+                    for call in parsed.calls]
         for call in parsed.calls:
             outcomes.append(self.execute(call, visible))
         return outcomes
 
     def execute(self, call: ToolCall, visible: set[str]) -> CallOutcome:
         if call.name not in visible or call.name not in self._methods:
-            return CallOutcome(call, f"Error: unknown tool {call.name!r}; available: {', '.join(sorted(visible))}", "unknown_tool")
+            return CallOutcome(call, _not_available(call.name), "unknown_tool")
         method = self._methods[call.name]
         try:  # bind first, so positional values get their parameter names in the canonical call
             bound = inspect.signature(method).bind(*call.positional, **call.arguments)
-        except TypeError as error:  # missing / unexpected argument
-            return CallOutcome(call, f"{ERROR_PREFIX} {error}", "argument_error", call.to_python())
+        except TypeError:  # missing / unexpected argument: the message Python gives the call itself, as BFCL's
+            return CallOutcome(call, f"{ERROR_PREFIX} {_binding_error(method, call)}", "argument_error",
+                               call.to_python())
         call = ToolCall(call.name, dict(bound.arguments))
         canonical = call.to_python()
         try:  # a copy: BFCL tools keep and later mutate list arguments (post_tweet's mentions)
@@ -210,6 +225,20 @@ class Environment:
             return CallOutcome(call, f"{ERROR_PREFIX} {error}", "tool_error", canonical)
         status = "tool_error" if isinstance(value, dict) and "error" in value else "ok"
         return CallOutcome(call, _format_result(value), status, canonical)
+
+
+def _not_available(name: str) -> str:
+    return f"{INVALID_FORMAT} Tool '{name}' is not available in the current tool list."
+
+
+def _binding_error(method, call: ToolCall) -> str:
+    """The TypeError Python raises for these arguments (what BFCL's executor reports). Arguments are bound
+    before a method's body runs, so the call fails before it can change any state."""
+    try:
+        method(*call.positional, **call.arguments)
+    except TypeError as error:
+        return str(error)
+    raise AssertionError(f"{call.name}: arguments that do not bind were accepted")
 
 
 def _format_result(value) -> str:
@@ -280,15 +309,16 @@ class TurnRecord:
         return [step for step in steps if step]
 
 
-def replay_calls(task: Task, steps_per_turn: list[list[list[str]]]) -> list[TurnRecord]:
-    """Play decoded calls through a fresh environment, as if a model had sent them: per user turn, per model
-    step, call strings in BFCL python form (``"cd(folder='x')"``). Every string is parsed, never evaluated."""
+def replay_calls(task: Task, steps_per_turn: list[list[list[str]]], parser: str = "lenient") -> list[TurnRecord]:
+    """Play calls through a fresh environment, as if a model had sent them: per user turn, per model step,
+    message texts (BFCL python form such as ``"cd(folder='x')"`` for the lenient parser, <tool_call> blocks for
+    the strict one). Every string is parsed, never evaluated."""
     env = Environment(task)
     records = []
     for index, steps in enumerate(steps_per_turn):
         record = TurnRecord(task.user_message(index) if index < len(task.turns) else "")
         for step in steps:
-            outcomes = [outcome for text in step for outcome in env.run(text, index)]
+            outcomes = [outcome for text in step for outcome in env.run(text, index, parser)]
             if outcomes:
                 record.outcomes_per_step.append(outcomes)
         records.append(record)
@@ -313,10 +343,9 @@ def turn_evidence(task: Task, turns: list[TurnRecord]) -> list[TurnEvidence]:
             evidence = TurnEvidence(
                 gt_calls=len(gt_calls),
                 model_calls=len(outcomes),
-                decoded_calls=sum(o.checker_call is not None for o in outcomes),
-                executed_calls=sum(o.executed for o in outcomes),
+                decoded_calls=sum(o.executed for o in outcomes),
                 parse_errors=sum(o.status == "parse_error" for o in outcomes),
-                unknown_tools=sum(o.status == "unknown_tool" for o in outcomes),
+                unknown_tools=sum(o.status in ("unknown_tool", "rejected") for o in outcomes),
                 argument_errors=sum(o.status == "argument_error" for o in outcomes),
                 unrepaired_tool_error=_unrepaired_error(outcomes),
             )

@@ -1,9 +1,12 @@
-"""Safe parsing of model text into tool calls.
+"""Safe parsing of model text into tool calls, in two modes (``rollout.parser``).
 
-Two surface forms are accepted, because the models we train use both:
-
-* Qwen/Hermes style: ``<tool_call>{"name": "cd", "arguments": {"folder": "x"}}</tool_call>``
-* BFCL python-call style: ``[cd(folder='x'), ls()]`` (optionally inside a code fence)
+* ``strict`` is the official BFCL surface of the SEAL release (SEAL_METHOD.md §8, ``strict_tool_parser``):
+  calls are ``<tool_call>{"name": "cd", "arguments": {"folder": "x"}}</tool_call>`` blocks whose object has
+  both "name" and "arguments". One malformed block makes the whole message a parse error (no call of it runs),
+  and tag text without any valid block is one too. A message without tool-call tags is an answer in text.
+* ``lenient`` also reads BFCL's python-call form ``[cd(folder='x'), ls()]`` (optionally inside a code fence),
+  unclosed blocks and "parameters" for "arguments", and keeps the well-formed calls of a message beside its
+  malformed ones. ``seal-lite verify`` and ground-truth replay use it: their input is python-call strings.
 
 Model text is never executed. Python-style calls are read with ``ast.parse`` and each argument value with
 ``ast.literal_eval``, which only builds literals; JSON goes through ``json.loads``. Every value is then
@@ -24,6 +27,11 @@ MAX_CALL_TEXT_CHARS = 20_000  # longer model outputs are rejected before parsing
 MAX_VALUE_DEPTH = 20
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_STRICT_BLOCK = re.compile(r"<tool_call>\s*\n?({.*?})\s*\n?</tool_call>", re.DOTALL)  # the release's pattern
+PARSERS = ("strict", "lenient")
+# Statuses of an attempted call that never ran: unparseable, naming a tool the turn does not show, or sent in the
+# same message as such a call under the strict parser. None of them is a decoded call (SEAL_METHOD.md §8).
+REJECTED = ("parse_error", "unknown_tool", "rejected")
 _CODE_FENCE = re.compile(r"```(?:python|py|json)?\s*(.*?)```", re.DOTALL)
 _CALL_START = re.compile(r"\[?\s*[A-Za-z_][\w.]*\(")
 _JSON_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
@@ -56,10 +64,13 @@ class _InvalidCall(ValueError):
     pass
 
 
-def parse_calls(text: str) -> ParsedCalls:
-    """Extract tool calls from one model message. Never raises on any input string."""
+def parse_calls(text: str, parser: str = "lenient") -> ParsedCalls:
+    """Extract tool calls from one model message with the ``strict`` or ``lenient`` parser. Never raises on any
+    input string."""
     if len(text) > MAX_CALL_TEXT_CHARS:
         return ParsedCalls(errors=[f"message too long to parse ({len(text)} > {MAX_CALL_TEXT_CHARS} chars)"])
+    if parser == "strict":
+        return _parse_strict(text)
     blocks = _TOOL_CALL_BLOCK.findall(text)
     if blocks:
         return _collect(blocks, _parse_json_call)
@@ -67,6 +78,42 @@ def parse_calls(text: str) -> ParsedCalls:
     if candidate is None:
         return ParsedCalls()  # plain-text answer: no calls
     return _collect([candidate], _parse_python_calls)
+
+
+def _parse_strict(text: str) -> ParsedCalls:
+    """The official parser: every block must be a JSON object with "name" and "arguments" (an object, or a JSON
+    string holding one); any problem rejects the whole message with the reasons joined by "; ", as the release
+    words them."""
+    blocks = _STRICT_BLOCK.findall(text)
+    if not blocks:
+        if "<tool_call" in text or "</tool_call>" in text:
+            return ParsedCalls(errors=["Found tool_call tag text, but no valid <tool_call>{...}</tool_call> block."])
+        return ParsedCalls()
+    calls, errors = [], []
+    for block in blocks:
+        try:
+            payload = _load_json(block.strip())
+        except (ValueError, RecursionError) as error:
+            errors.append(f"Invalid tool call JSON: {str(error)[:80]}")
+            continue
+        if not isinstance(payload, dict) or "name" not in payload or "arguments" not in payload:
+            errors.append("Tool call JSON must contain both 'name' and 'arguments'.")
+            continue
+        name, arguments = payload["name"], payload["arguments"]
+        if isinstance(arguments, str):
+            try:
+                arguments = _load_json(arguments)
+            except (ValueError, RecursionError):
+                errors.append(f"Tool '{str(name)[:40]}' has non-JSON string arguments.")
+                continue
+        if not isinstance(arguments, dict):
+            errors.append(f"Tool '{str(name)[:40]}' arguments must be a JSON object.")
+            continue
+        try:  # seal-lite's own guards (plain identifiers, JSON-like values) on top of the release's checks
+            calls.append(_make_call(name if isinstance(name, str) else "", arguments))
+        except _InvalidCall as error:
+            errors.append(str(error))
+    return ParsedCalls(errors=["; ".join(errors)]) if errors else ParsedCalls(calls=calls)
 
 
 def _collect(chunks, parse_chunk) -> ParsedCalls:

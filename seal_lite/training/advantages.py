@@ -57,26 +57,30 @@ def weighted_advantages(advantages: list[float], weights: list[float], apply_to:
     return out
 
 
-def initial_utilities() -> dict[str, float]:
-    """rho starts at the base utility b_z of every countable label."""
-    return {label: utility for label, utility in BASE_UTILITY.items() if utility is not None}
+def initial_utilities(overrides: dict[str, float] | None = None) -> dict[str, float]:
+    """The base utility b_z of every countable label: §3's table, with the recipe's ``grpo.utilities`` on top.
+    rho starts here, and the closed-loop target scales these same bases."""
+    bases = {label: utility for label, utility in BASE_UTILITY.items() if utility is not None}
+    return bases | (overrides or {})
 
 
 def update_utilities(
     utilities: dict[str, float],
     label_counts: dict[str, int],
     label_mean_reward: dict[str, float],
+    bases: dict[str, float] | None = None,
     alpha: float = 1.0,
     momentum: float = 0.75,
 ) -> dict[str, float]:
-    """One closed-loop update of rho from this epoch's window statistics (§5).
+    """One closed-loop update of rho from this epoch's window statistics (§5), around ``bases`` (b_z; default
+    §3's table).
 
     target_z = clip(b_z * (1 + alpha * (count_z/N) * (1 - meanreward_z) * min(1, count_z/32)), 0.5, 2.0)
     rho_z <- momentum * rho_z + (1 - momentum) * target_z; ``pass`` keeps its base utility.
     """
     total = sum(count for label, count in label_counts.items() if label not in EXCLUDED_LABELS)
     updated = dict(utilities)
-    for label, base in initial_utilities().items():
+    for label, base in (bases or initial_utilities()).items():
         if label == "pass":
             updated[label] = base
             continue

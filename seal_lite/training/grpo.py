@@ -167,6 +167,7 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         use_bias_correction_kl=False,  # plain k3 = verl's low_var_kl, the paper's (trl defaults to k3 x ratio)
         temperature=recipe.rollout.temperature,  # score log-probs at the temperature the rollouts were sampled at
         epsilon=grpo.epsilon,
+        delta=grpo.dual_clip,  # trl's cap on the unclipped ratio: for A < 0 it is verl's dual-clip c exactly
         loss_type=grpo.loss_type,
         logging_steps=updates,
         save_strategy="steps",

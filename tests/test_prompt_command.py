@@ -1,0 +1,66 @@
+"""`seal-lite prompt`: exactly what the policy reads, under the evaluation view or a run's training interface."""
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from seal_lite.cli import main
+from seal_lite.envs.bfcl import load_tasks
+from seal_lite.interface import GUIDELINES_HEADER, SCHEMA_CUE_LINE
+from seal_lite.recipe import Recipe
+from seal_lite.store import Store
+
+TRAIN_IDS = (Path(__file__).parent.parent / "data" / "train_ids.txt").read_text().split()
+
+
+def vehicle_task():
+    return next(task for task in load_tasks(TRAIN_IDS) if "VehicleControlAPI" in task.involved_classes)
+
+
+def test_the_evaluation_view_shows_every_description_and_enum(smol_dir):
+    task = vehicle_task()
+    result = CliRunner().invoke(main, ["prompt", task.id])
+    assert result.exit_code == 0, result.output
+    shown = result.stdout
+    docs = {doc["name"]: doc for doc in task.visible_functions(0)}
+    assert docs["activateParkingBrake"]["parameters"]["properties"]["mode"]["enum"] == ["engage", "release"]
+    checked = 0
+    for doc in docs.values():
+        assert json.dumps(doc["description"]) in shown
+        for spec in doc["parameters"].get("properties", {}).values():
+            assert json.dumps(spec["description"]) in shown
+            if "enum" in spec:
+                assert json.dumps(spec["enum"]) in shown
+                checked += 1
+    assert checked >= 3
+    assert shown.startswith("<|im_start|>system\n# Tools") and shown.endswith("<|im_start|>assistant\n\n")
+    assert SCHEMA_CUE_LINE not in shown
+    assert "tokens" in result.stderr and "evaluation view" in result.stderr
+    tokens = int(result.stderr.split(": ")[-1].split()[0])
+    assert tokens > 1000
+
+
+def test_a_later_turn_shows_what_it_adds_and_a_run_shows_its_training_interface(tmp_path, smol_dir):
+    reveal = CliRunner().invoke(main, ["prompt", "multi_turn_miss_func_0", "--turn", "2"])
+    assert reveal.exit_code == 0, reveal.output
+    assert reveal.stdout.startswith("<|im_start|>user\n[{") and "What about now?" in reveal.stdout
+
+    store = Store(tmp_path / "seal.db")
+    store.start_run("r", Recipe().model_dump(), "smollm2-135m")
+    for version, guidelines in ((1, []), (2, ["Check names and values against the request before acting."])):
+        store.save_interface_version({
+            "version": version, "parent": version - 1 or None, "step": version - 1, "reason": "test",
+            "components": {"schema_cues": True, "recovery_feedback": True, "capability_hints": True,
+                           "hints": "template", "tool_format": "official"},
+            "system_prompt_cues": SCHEMA_CUE_LINE, "guidelines": guidelines, "statistics": {}})
+    first = CliRunner().invoke(main, ["prompt", "multi_turn_base_0", "--run", str(tmp_path), "--version", "1"])
+    latest = CliRunner().invoke(main, ["prompt", "multi_turn_base_0", "--run", str(tmp_path)])
+    assert first.exit_code == latest.exit_code == 0, latest.output
+    assert SCHEMA_CUE_LINE in first.stdout and "[required]" in first.stdout and GUIDELINES_HEADER not in first.stdout
+    assert GUIDELINES_HEADER + "\n- Check names" in latest.stdout and "training interface v2" in latest.stderr
+
+    missing = CliRunner().invoke(main, ["prompt", "multi_turn_base_0", "--run", str(tmp_path), "--version", "9"])
+    assert missing.exit_code == 1 and "not 9" in missing.output
+    unknown = CliRunner().invoke(main, ["prompt", "multi_turn_base_9999"])
+    assert unknown.exit_code == 2 and "multi_turn_base_9999" in unknown.output
