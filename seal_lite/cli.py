@@ -232,8 +232,8 @@ def evaluate_command(target, split, per_category, base, steps, overrides, json_f
 
     from seal_lite.console import print_evaluation
     from seal_lite.envs.bfcl import load_tasks
-    from seal_lite.interface import NOT_BFCL_VIEW
     from seal_lite.evaluate import evaluate, evaluation_engine, result_rows, summarize, view_label
+    from seal_lite.interface import NOT_BFCL_VIEW
 
     run_dir = Path(target) if (Path(target) / "seal.db").exists() else None
     store = None

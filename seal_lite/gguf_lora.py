@@ -125,7 +125,7 @@ def lora_tensors(peft_model, base: BaseGGUF) -> tuple[list[tuple[str, np.ndarray
     # One alpha for the file: llama.cpp scales each module by alpha / r (1 when alpha is 0).
     alpha = layers[0][4] * layers[0][2].shape[0]
     tensors = []
-    for hf_name, gguf_name, a, b, scaling in layers:
+    for _hf_name, gguf_name, a, b, scaling in layers:
         rank = a.shape[0]
         llama_scale = alpha / rank if alpha else 1.0
         if not np.isclose(llama_scale, scaling, rtol=1e-6, atol=0.0):

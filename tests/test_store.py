@@ -1,5 +1,7 @@
 """The run store: a step is written whole or not at all, and writing it again duplicates nothing."""
 
+import sqlite3
+
 import pytest
 
 from seal_lite.store import Store
@@ -15,7 +17,7 @@ def step_rows(turn_value="ok"):
 def test_a_failing_write_leaves_no_part_of_the_step(tmp_path):
     store = Store(tmp_path / "seal.db")
     step, trajectories, turns, metrics = step_rows(turn_value=object())  # sqlite cannot bind an object
-    with pytest.raises(Exception):
+    with pytest.raises(sqlite3.ProgrammingError):
         store.save_step(step, trajectories, turns, metrics)
     assert store.steps() == [] and store.trajectories() == [] and store.metrics("reward/mean") == []
 

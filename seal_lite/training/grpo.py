@@ -22,12 +22,12 @@ import torch
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in trl 1.14.2
 
-from datasets import Dataset  # noqa: E402
-from transformers import PrinterCallback, TrainerCallback, set_seed  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from datasets import Dataset
+from transformers import PrinterCallback, TrainerCallback, set_seed
+from trl import GRPOConfig, GRPOTrainer
 
-from seal_lite.recipe import Recipe  # noqa: E402
-from seal_lite.training.policy import Policy  # noqa: E402
+from seal_lite.recipe import Recipe
+from seal_lite.training.policy import Policy
 
 if TYPE_CHECKING:
     from seal_lite.loop import RolloutBatch
