@@ -5,7 +5,9 @@ Three backends, tried in this order by ``policy.backend: auto``:
 * ``unsloth``   Unsloth FastLanguageModel, 4-bit QLoRA with its fused kernels (an NVIDIA GPU and the
                 ``gpu`` extra). Unsloth patches TRL when imported, so this module is imported, and the policy
                 loaded, *before* seal_lite.training.grpo imports trl.
-* ``peft-4bit`` transformers + bitsandbytes NF4 + peft LoRA (an NVIDIA GPU and bitsandbytes).
+* ``peft-4bit`` transformers + bitsandbytes NF4 + peft LoRA: QLoRA without Unsloth. Chosen by auto only with an
+                NVIDIA GPU; requested explicitly it also runs on a CPU (bitsandbytes 0.50 has CPU NF4 kernels),
+                which is how the test suite covers the 4-bit path.
 * ``peft``      LoRA on a bf16 or fp32 model, any device: the CPU path.
 
 ``choose_backend`` is pure, so the choice is tested without a GPU.
@@ -38,12 +40,14 @@ def choose_backend(requested: str, cuda_available: bool, installed: set[str]) ->
     """(backend, reason) for ``policy.backend``; raises PolicyBackendError when the request cannot be met."""
     if requested in GPU_LIBRARY:
         library = GPU_LIBRARY[requested]
-        if not cuda_available:
+        if requested == "unsloth" and not cuda_available:  # without a GPU Unsloth silently becomes plain peft
             raise PolicyBackendError(f"policy.backend {requested} needs an NVIDIA GPU (none is visible to torch); "
-                                     "use auto or peft")
+                                     "use auto, peft-4bit or peft")
         if library not in installed:
             raise PolicyBackendError(f"policy.backend {requested} needs {library}: pip install -e '.[gpu]' "
                                      "(or use auto)")
+        if not cuda_available:
+            return requested, "requested in the recipe; NF4 on the CPU (bitsandbytes' CPU kernels)"
         return requested, "requested in the recipe"
     if requested == "peft":
         return "peft", "requested in the recipe"
@@ -120,15 +124,15 @@ def _load_transformers(model_dir: str, dtype, quantized: bool):
     transformers_logging.disable_progress_bar()
     # clean-up of tokenization spaces corrupts BPE text (and warns); decode exactly what was generated
     tokenizer = AutoTokenizer.from_pretrained(model_dir, clean_up_tokenization_spaces=False)
+    device_map = {"": 0} if torch.cuda.is_available() else {"": "cpu"}
     if not quantized:
-        device_map = {"": 0} if torch.cuda.is_available() else None
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map=device_map), tokenizer
     from peft import prepare_model_for_kbit_training
 
     quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                       bnb_4bit_compute_dtype=dtype)
     model = AutoModelForCausalLM.from_pretrained(model_dir, quantization_config=quantization, dtype=dtype,
-                                                 device_map={"": 0})
+                                                 device_map=device_map)
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False), tokenizer
 
 
@@ -151,3 +155,10 @@ def _load_unsloth(model_dir: str, recipe: Recipe, checkpointing: bool):
         random_state=recipe.seed,
     )
     return model, tokenizer
+
+
+def count_linear4bit(model) -> int:
+    """Layers that compute with bitsandbytes NF4 weights (0 for a model that is not 4-bit)."""
+    # bitsandbytes' class only: peft's LoRA wrapper around each of them is called Linear4bit too
+    return sum(type(module).__name__ == "Linear4bit" and type(module).__module__.startswith("bitsandbytes")
+               for module in model.modules())
