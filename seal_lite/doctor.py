@@ -192,11 +192,14 @@ def _cuda_visible() -> bool:
 
 
 def _training_backend(cuda: bool) -> dict:
-    """What ``policy.backend: auto`` picks here."""
-    from seal_lite.training.policy import choose_backend, installed_backends
+    """What ``policy.backend: auto`` and ``policy.dtype: auto`` pick here, and why (Unsloth is imported only where
+    auto would choose it: with a GPU)."""
+    from seal_lite.training.policy import installed_backends, pick_dtype, resolve_backend
 
-    backend, reason = choose_backend("auto", cuda, installed_backends())
-    return {"backend": backend, "reason": reason}
+    backend, reason = resolve_backend("auto", cuda, installed_backends())
+    dtype, dtype_reason = pick_dtype("auto", cuda)
+    return {"backend": backend, "reason": reason, "dtype": str(dtype).removeprefix("torch."),
+            "dtype_reason": dtype_reason}
 
 
 # --- 3. models ------------------------------------------------------------------------------------------------
@@ -307,7 +310,8 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
         probe = _Probe(step, num_generations)
         policy = load_policy(model_dir, recipe)
         trainer = build_trainer(policy, recipe, [task.id], probe, str(Path(tmp) / "trl"))
-        step.generator = probe.recorder = _RecordingGenerator(TransformersGenerator(trainer.model, policy.tokenizer))
+        step.generator = probe.recorder = _RecordingGenerator(
+            TransformersGenerator(trainer.model, policy.tokenizer, policy.generation_mode))
         probe.attach(trainer)
         result.loss = float(trainer.train().training_loss)
         failures = probe.check(result)
@@ -551,6 +555,7 @@ def render_text(report: dict, *, ascii: bool = False) -> str:
     chosen = report["backends"].get("training_backend")
     if chosen:
         item(yes, "training backend", f"{chosen['backend']} ({chosen['reason']})")
+        item(yes, "training dtype", f"{chosen['dtype']} ({chosen['dtype_reason']})")
 
     lines += ["", "Models (pip-shipped GGUF)"]
     for row in report["models"]:

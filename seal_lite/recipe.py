@@ -27,7 +27,9 @@ class PolicyConfig(_Section):
         "shipped as GGUF in pip packages), a local model directory, a local .gguf file, or a hub id.",
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto", description="Training dtype; auto picks bfloat16 (about 1.7x faster than float32 on CPU)."
+        "auto", description="Training dtype. auto: bfloat16 on a GPU with native bf16 (float16 before Ampere, "
+        "e.g. a T4); on a CPU bfloat16 only with AVX512_BF16 or AMX (1.7x faster than float32 there), else float32 "
+        "(emulated bf16 is 5-20x slower). `seal-lite doctor` shows the choice and why."
     )
     lora_r: int = Field(8, ge=1, description="LoRA rank.")
     lora_alpha: int = Field(16, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
@@ -35,8 +37,9 @@ class PolicyConfig(_Section):
     backend: Literal["auto", "unsloth", "peft-4bit", "peft"] = Field(
         "auto",
         description="How the policy is loaded: unsloth (Unsloth 4-bit QLoRA, NVIDIA GPU), peft-4bit (transformers + "
-        "bitsandbytes 4-bit + peft LoRA, NVIDIA GPU), peft (LoRA on a bf16/fp32 model, any device). auto picks the "
-        "first that works here, in that order; `seal-lite doctor` shows which.",
+        "bitsandbytes NF4 + peft LoRA; NVIDIA GPU, or a CPU when named explicitly), peft (LoRA on a bf16/fp32 model, "
+        "any device). auto picks the first that works here, in that order (on a CPU: peft); `seal-lite doctor` "
+        "shows which.",
     )
     gradient_checkpointing: bool | None = Field(
         None, description="Recompute activations in the backward pass to fit long trajectories (None: on with a GPU)."

@@ -99,8 +99,8 @@ def test_self_test_covers_tool_results_inside_completions(tiny_model_dir, monkey
     """A scripted policy that calls a tool: the tool result, too, sits between model tokens without loss."""
     task = load_tasks(["multi_turn_base_0"])[0]
     scripts = [[tool_call_text(task.ground_truth[0]), "Done.", "Done."] for _ in range(2)]
-    monkeypatch.setattr(generation, "TransformersGenerator", lambda model, tokenizer: ScriptedGenerator(tokenizer,
-                                                                                                         scripts))
+    monkeypatch.setattr(generation, "TransformersGenerator",
+                        lambda model, tokenizer, mode: ScriptedGenerator(tokenizer, scripts))
     result = doctor.masking_self_test(tiny_model_dir)
     assert result.passed, result.message
     assert result.tool_results == 2 and result.max_env_grad == 0.0 and result.min_model_grad > 0

@@ -9,6 +9,7 @@ How SEAL plugs into GRPOTrainer, through its extension points:
   normalisation (std + 1e-4) is replaced by the SEAL advantages the loop computed, A_j = (r_j - mean) /
   (std + 1e-6) times the diagnosis weight w_j (SEAL_METHOD.md §2 steps 7-8).
 * the reward function only hands TRL the official verdict the loop already computed, for TRL's logging.
+
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from transformers import PrinterCallback, TrainerCallback, set_seed  # noqa: E40
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from seal_lite.recipe import Recipe  # noqa: E402
-from seal_lite.training.policy import Policy  # noqa: E402
+from seal_lite.training.policy import Policy, keep_trainable_fp32  # noqa: E402
 
 if TYPE_CHECKING:
     from seal_lite.loop import RolloutBatch
@@ -157,6 +158,8 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         steps_per_generation=grpo.mini_batches,
         num_generations=group,
         gradient_accumulation_steps=1,
+        gradient_checkpointing=policy.gradient_checkpointing,  # trl defaults it on, also on a CPU
+        gradient_checkpointing_kwargs={"use_reentrant": False},
         num_iterations=grpo.num_iterations,
         max_steps=grpo.steps * updates,
         learning_rate=grpo.learning_rate,
@@ -208,5 +211,6 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         callbacks=list(callbacks),
     )
     trainer.remove_callback(PrinterCallback)  # the run shows its own progress; figures go to the store
+    keep_trainable_fp32(trainer.model)  # undoes trl's bf16 cast of LoRA weights on 4-bit models
     trainer.max_logprob_gap = recipe.rollout.max_logprob_gap
     return trainer
