@@ -128,7 +128,8 @@ def backends() -> dict:
         if version is None and role == "required":
             row |= {"ok": False, "note": "missing (seal-lite needs it)", "fix": f"pip install '{pin or distribution}'"}
         elif version is None:
-            row["note"] = "optional, 4-bit QLoRA on an NVIDIA GPU"
+            row["note"] = "optional, 4-bit QLoRA on an NVIDIA GPU" + (
+                " (bitsandbytes also on a CPU: doctor --backend peft-4bit)" if name == "bitsandbytes" else "")
             if cuda:
                 row["fix"] = GPU_EXTRA_INSTALL
         elif pin and not _satisfies(version, pin):
@@ -255,12 +256,19 @@ class SelfTestResult:
     min_model_grad: float | None = None  # per position: max over the vocabulary of |dL/dlogit|
     mean_model_grad: float | None = None
     loss: float | None = None
+    backend: str = "peft"
+    dtype: str | None = None  # the compute dtype the step trained in
+    linear4bit_layers: int = 0  # bitsandbytes NF4 layers in the policy (peft-4bit)
+    trainable_dtypes: list[str] = dataclasses.field(default_factory=list)  # of the LoRA parameters: fp32 only
+    lora_changed: int = 0  # LoRA entries the GRPO step moved (of lora_entries)
+    lora_entries: int = 0
     seconds: float = 0.0
 
 
 def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", turns: int = 2,
                       num_generations: int = 2, max_new_tokens: int = 16, max_model_calls: int = 4,
-                      seed: int = 0, dtype: str = "auto", label: str | None = None) -> SelfTestResult:
+                      seed: int = 0, dtype: str = "auto", backend: str = "peft",
+                      label: str | None = None) -> SelfTestResult:
     """Check on one real multi-turn GRPO step that only the tokens the policy generated carry loss and gradient.
 
     The model at ``model_dir`` rolls out ``num_generations`` trajectories of the real BFCL task ``task_id``, cut
@@ -280,10 +288,12 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
 
     This tests masking, not rewards: a small model usually earns reward 0 on every trajectory, so A = 0 and no
     gradient at all would flow. The advantages the loop computed are therefore replaced by +1/-1 within each
-    group before TRL sees them. The step trains in ``dtype`` (auto: the dtype a run would train in)
-    with the peft backend, and with beta = 0: at the first update the KL term has zero gradient anyway, and this
-    skips the reference model's forward pass. Store and trainer output go to a temporary directory, deleted
-    afterwards. About 25 s for smollm2-135m on 2 CPU cores.
+    group before TRL sees them. The step trains in ``dtype`` (auto: the dtype a run would train in) with
+    ``backend`` (peft, or peft-4bit: the same step on NF4 ``Linear4bit`` layers, also on a CPU; not unsloth, whose
+    fused loss never materialises the logits the probe reads), and with beta = 0: at the first update the KL term
+    has zero gradient anyway, and this skips the reference model's forward pass. Besides masking it checks that
+    the update moved the LoRA weights and that they are fp32. Store and trainer output go to a temporary
+    directory, deleted afterwards. About 25 s for smollm2-135m on 2 CPU cores.
     """
     from seal_lite.envs.bfcl import load_tasks
     from seal_lite.generation import TransformersGenerator
@@ -291,19 +301,21 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
     from seal_lite.recipe import load_recipe
     from seal_lite.store import Store
     from seal_lite.training.grpo import build_trainer
-    from seal_lite.training.policy import load_policy
+    from seal_lite.training.policy import count_linear4bit, load_policy
 
+    if backend not in ("peft", "peft-4bit"):
+        raise ValueError(f"the masking self-test runs on peft or peft-4bit, not {backend}")
     started = time.time()
     overrides = {
         "name": "doctor", "seed": seed, "data.task_ids": [task_id], "diagnoser.mode": "off",
         "grpo.tasks_per_step": 1, "grpo.steps": 1, "rollout.num_generations": num_generations,
         "rollout.max_turns": turns, "rollout.max_new_tokens": max_new_tokens,
         "rollout.max_model_calls": max_model_calls, "policy.dtype": dtype, "grpo.beta": 0.0,
-        "policy.backend": "peft",  # the gradient probe reads the LM head's output (see _Probe)
+        "policy.backend": backend,
     }
     recipe = load_recipe(None, overrides)
     task = load_tasks([task_id])[0].truncated(turns)
-    result = SelfTestResult(False, "", label or model_dir, task_id)
+    result = SelfTestResult(False, "", label or model_dir, task_id, backend=backend)
     with tempfile.TemporaryDirectory(prefix="seal-lite-doctor-") as tmp:
         store = Store(Path(tmp) / "seal.db")
         step = SealStep(recipe, store, {task.id: task}, None)
@@ -313,8 +325,21 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
         step.generator = probe.recorder = _RecordingGenerator(
             TransformersGenerator(trainer.model, policy.tokenizer, policy.generation_mode))
         probe.attach(trainer)
+        lora = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
         result.loss = float(trainer.train().training_loss)
         failures = probe.check(result)
+        result.dtype = str(policy.dtype).removeprefix("torch.")
+        result.linear4bit_layers = count_linear4bit(trainer.model)
+        if backend == "peft-4bit" and result.linear4bit_layers == 0:
+            failures.append("backend peft-4bit, yet the policy has no bitsandbytes Linear4bit layer")
+        after = dict(trainer.model.named_parameters())
+        result.trainable_dtypes = sorted({str(after[name].dtype).removeprefix("torch.") for name in lora})
+        if result.trainable_dtypes != ["float32"]:
+            failures.append(f"LoRA parameters in {result.trainable_dtypes}, not float32: small updates round away")
+        result.lora_entries = sum(p.numel() for p in lora.values())
+        result.lora_changed = sum(int((after[name].detach() != p).sum()) for name, p in lora.items())
+        if result.lora_changed == 0:
+            failures.append("the GRPO step left every LoRA weight unchanged")
         result.tool_results = sum(_tool_results_inside(store.trajectory(row["id"])["messages"])
                                   for row in store.trajectories())
     result.passed = not failures
@@ -571,7 +596,8 @@ def render_text(report: dict, *, ascii: bool = False) -> str:
     if test is None:
         item(dash, "skipped", "")
     else:
-        where = f"{test['model']}, {test['task_id']}, {test['trajectories']} trajectories"
+        where = (f"{test['model']} ({test['backend']}, {test['dtype']}), {test['task_id']}, "
+                 f"{test['trajectories']} trajectories")
         if test["passed"]:
             item(yes, "passed", f"{where}, {test['seconds']} s")
         else:
@@ -583,6 +609,9 @@ def render_text(report: dict, *, ascii: bool = False) -> str:
                           else f"min {test['min_model_grad']:.3g}, mean {test['mean_model_grad']:.3g}")
             item(dash, "|grad| of logits", f"environment positions max {test['max_env_grad']:.3g}; "
                                            f"model positions {model_grad}")
+            item(dash, "GRPO step", f"moved {test['lora_changed']} of {test['lora_entries']} LoRA weights "
+                                    f"({', '.join(test['trainable_dtypes'])}); {test['linear4bit_layers']} "
+                                    "Linear4bit layers")
     lines += ["", _verdict(report, yes, no)]
     return "\n".join(lines)
 

@@ -98,7 +98,9 @@ def test_masking_self_test_passes_on_smollm2(smol_dir):
 def test_self_test_covers_tool_results_inside_completions(tiny_model_dir, monkeypatch):
     """A scripted policy that calls a tool: the tool result, too, sits between model tokens without loss."""
     task = load_tasks(["multi_turn_base_0"])[0]
-    scripts = [[tool_call_text(task.ground_truth[0]), "Done.", "Done."] for _ in range(2)]
+    # the episodes differ after the tool result: with +1 and -1 advantages identical ones would cancel exactly
+    scripts = [[tool_call_text(task.ground_truth[0]), "Done.", "Done."],
+               [tool_call_text(task.ground_truth[0]), "Finished.", "Finished."]]
     monkeypatch.setattr(generation, "TransformersGenerator",
                         lambda model, tokenizer, mode: ScriptedGenerator(tokenizer, scripts))
     result = doctor.masking_self_test(tiny_model_dir)

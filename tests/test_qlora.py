@@ -60,3 +60,19 @@ def test_bf16_lora_loses_most_of_those_updates(tmp_path, tiny_model_dir):
     total = sum(p.numel() for p in before.values())
     assert moved < total // 2
 
+
+def test_doctor_backend_peft_4bit_runs_the_self_test_and_a_grpo_step_on_smollm2_in_nf4():
+    """`seal-lite doctor --backend peft-4bit` on a CPU: the masking self-test and its GRPO step on NF4 layers."""
+    import json
+
+    from click.testing import CliRunner
+
+    from seal_lite.cli import main
+
+    result = CliRunner().invoke(main, ["doctor", "--json", "--backend", "peft-4bit"])
+    assert result.exit_code == 0, result.output
+    test = json.loads(result.output)["self_test"]
+    assert test["passed"] and test["message"] == "ok" and test["backend"] == "peft-4bit"
+    assert test["linear4bit_layers"] == 30 * 7  # SmolLM2-135M: 30 decoder blocks of 7 projections
+    assert test["trainable_dtypes"] == ["float32"] and test["lora_changed"] > 0
+    assert test["max_env_grad"] == 0.0 and test["min_model_grad"] > 0
