@@ -152,6 +152,11 @@ class GRPOConfig(_Section):
         1, ge=1, description="Optimizer steps per SEAL step: the step's trajectories are split into this many "
         "mini-batches (paper: 4). tasks_per_step x num_generations must be divisible by it.",
     )
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Trajectories per forward/backward pass; the gradients of a mini-batch's "
+        "micro-batches accumulate into one optimizer step, with the same result. None: 1 (memory does not grow "
+        "with the batch), except for loss_type bnpo, whose token mean is per micro-batch: the whole mini-batch.",
+    )
     num_iterations: int = Field(1, ge=1, description="PPO epochs over each step's trajectories (paper: 1).")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
@@ -203,6 +208,13 @@ class Recipe(_Section):
             raise _FieldError("grpo.mini_batches", self.grpo.mini_batches,
                               f"it must divide tasks_per_step x num_generations ({generation_batch}); "
                               f"use a divisor such as {max(d for d in (1, 2, 4) if generation_batch % d == 0)}")
+        mini_batch, micro = generation_batch // self.grpo.mini_batches, self.grpo.micro_batch_size
+        if micro is not None and mini_batch % micro:
+            raise _FieldError("grpo.micro_batch_size", micro, f"it must divide the mini-batch ({mini_batch} "
+                              "trajectories: tasks_per_step x num_generations / mini_batches); use 1")
+        if micro is not None and self.grpo.loss_type == "bnpo" and micro != mini_batch:
+            raise _FieldError("grpo.micro_batch_size", micro, f"bnpo's token mean is taken per micro-batch, so it "
+                              f"must be the whole mini-batch ({mini_batch}); leave it unset or use loss_type dapo")
         if self.interface.hints == "llm" and self.diagnoser.mode == "off":
             raise _FieldError("interface.hints", "llm", "hints from the diagnoser need it on; set diagnoser.mode "
                               "to in_process (or server/url), or use interface.hints template")
@@ -210,6 +222,16 @@ class Recipe(_Section):
             raise _FieldError("diagnoser.url", None, "diagnoser.mode url needs the server's base URL; set diagnoser.url "
                               "(e.g. http://127.0.0.1:8000) or use mode server to let seal-lite start one")
         return self
+
+    def micro_batch(self) -> int:
+        """Trajectories per forward/backward pass (``grpo.micro_batch_size`` resolved)."""
+        if self.grpo.micro_batch_size is not None:
+            return self.grpo.micro_batch_size
+        return self.mini_batch() if self.grpo.loss_type == "bnpo" else 1
+
+    def mini_batch(self) -> int:
+        """Trajectories per optimizer step."""
+        return self.grpo.tasks_per_step * self.rollout.num_generations // self.grpo.mini_batches
 
     def out_dir(self) -> Path:
         return Path(self.output_dir or Path("runs") / self.name)

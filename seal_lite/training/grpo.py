@@ -10,6 +10,10 @@ How SEAL plugs into GRPOTrainer, through its extension points:
   (std + 1e-6) times the diagnosis weight w_j (SEAL_METHOD.md §2 steps 7-8).
 * the reward function only hands TRL the official verdict the loop already computed, for TRL's logging.
 
+Batching: each SEAL step's tasks x G trajectories are split into ``grpo.mini_batches`` mini-batches (one optimizer
+step each), and each mini-batch into micro-batches of ``micro_batch_size`` trajectories (default one), whose
+gradients accumulate: memory no longer grows with the batch, while the optimizer steps, the loss and its gradient
+stay those of the whole mini-batch (TRL divides by the accumulation steps; dapo by the batch's token count).
 """
 
 from __future__ import annotations
@@ -151,13 +155,15 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
                   output_dir: str, callbacks: list[TrainerCallback] = ()) -> SealGRPOTrainer:
     grpo, group = recipe.grpo, recipe.rollout.num_generations
     updates = updates_per_step(recipe)
+    micro = recipe.micro_batch()
     config = GRPOConfig(
         output_dir=output_dir,
-        # one generation batch (tasks_per_step x G trajectories) per SEAL step, split into mini-batches
-        per_device_train_batch_size=grpo.tasks_per_step * group // grpo.mini_batches,
-        steps_per_generation=grpo.mini_batches,
+        # one generation batch (tasks_per_step x G trajectories) per SEAL step, in micro-batches of `micro`
+        # trajectories; the gradients of one mini-batch's micro-batches accumulate into one optimizer step
+        per_device_train_batch_size=micro,
+        steps_per_generation=grpo.tasks_per_step * group // micro,
         num_generations=group,
-        gradient_accumulation_steps=1,
+        gradient_accumulation_steps=recipe.mini_batch() // micro,
         gradient_checkpointing=policy.gradient_checkpointing,  # trl defaults it on, also on a CPU
         gradient_checkpointing_kwargs={"use_reentrant": False},
         num_iterations=grpo.num_iterations,
