@@ -157,18 +157,15 @@ def set_pad_token(tokenizer, model, stops: set[int]) -> None:
 
     Order: the tokenizer's own pad token if it is not a stop token; else a special token named like a pad
     (Qwen's ``<|fim_pad|>``); else any other special token that is not a stop token and not in the chat template;
-    else a new ``<|seal_pad|>`` token (the embedding matrix grows by one row)."""
+    else, for a tokenizer without a spare special token, the old pad or eos, which the peft paths tolerate:
+    they build every mask from lengths."""
     if tokenizer.pad_token_id is not None and tokenizer.pad_token_id not in stops:
         return
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
     candidates = [token.content for index, token in sorted(tokenizer.added_tokens_decoder.items())
                   if token.special and index not in stops and token.content not in template]
     named = [token for token in candidates if "pad" in token.lower()]
-    if named or candidates:
-        tokenizer.pad_token = (named or candidates)[0]
-    else:
-        tokenizer.add_special_tokens({"pad_token": "<|seal_pad|>"})
-        model.resize_token_embeddings(len(tokenizer))
+    tokenizer.pad_token = (named or candidates or [tokenizer.pad_token or tokenizer.eos_token])[0]
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.config.pad_token_id = tokenizer.pad_token_id
 
