@@ -115,7 +115,8 @@ def run(recipe, out, overrides, overwrite):
 @click.option("--model", metavar="SPEC", help="Model for the masking self-test (default: the quickstart's policy).")
 @click.option("--no-self-test", is_flag=True, help="Skip the masking self-test (about 20 s on 2 CPU cores).")
 @click.option("--backend", type=click.Choice(["peft", "peft-4bit"]), default="peft", show_default=True,
-              help="Policy backend of the self-test: peft-4bit runs it on bitsandbytes NF4 layers (CPU or GPU).")
+              help="Policy backend of the self-test: peft-4bit runs it on bitsandbytes NF4 layers (GPU, or CPU: "
+              "several minutes there).")
 def doctor(as_json, model, no_self_test, backend):
     """What this machine can run: hardware, backends, models, and a masking self-test.
 

@@ -61,18 +61,22 @@ def test_bf16_lora_loses_most_of_those_updates(tmp_path, tiny_model_dir):
     assert moved < total // 2
 
 
-def test_doctor_backend_peft_4bit_runs_the_self_test_and_a_grpo_step_on_smollm2_in_nf4():
-    """`seal-lite doctor --backend peft-4bit` on a CPU: the masking self-test and its GRPO step on NF4 layers."""
+def test_doctor_backend_peft_4bit_runs_the_self_test_and_a_grpo_step_on_nf4_layers(tiny_model_dir):
+    """`seal-lite doctor --backend peft-4bit` on a CPU: the masking self-test and its GRPO step on NF4 layers.
+
+    On the tiny model: the same command on SmolLM2 (its default) passed on the 2-core AVX2 build machine with 210
+    Linear4bit layers in 447 s, against 64 s for the fp32 peft self-test (bitsandbytes 0.50.2's CPU NF4
+    kernels dequantize every weight on every call), too long for the suite."""
     import json
 
     from click.testing import CliRunner
 
     from seal_lite.cli import main
 
-    result = CliRunner().invoke(main, ["doctor", "--json", "--backend", "peft-4bit"])
+    result = CliRunner().invoke(main, ["doctor", "--json", "--backend", "peft-4bit", "--model", tiny_model_dir])
     assert result.exit_code == 0, result.output
     test = json.loads(result.output)["self_test"]
     assert test["passed"] and test["message"] == "ok" and test["backend"] == "peft-4bit"
-    assert test["linear4bit_layers"] == 30 * 7  # SmolLM2-135M: 30 decoder blocks of 7 projections
+    assert test["linear4bit_layers"] == 2 * 7  # 2 decoder blocks of 7 projections
     assert test["trainable_dtypes"] == ["float32"] and test["lora_changed"] > 0
     assert test["max_env_grad"] == 0.0 and test["min_model_grad"] > 0

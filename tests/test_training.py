@@ -207,7 +207,7 @@ def _train_recording(tmp_path, model_dir, loss_type: str, micro: int):
     return trainer.state.global_step, trainer.args, losses, grads
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])  # dapo: batch-token normaliser; grpo: per sequence
 def test_one_trajectory_per_micro_batch_trains_exactly_like_whole_mini_batches(tmp_path, tiny_model_dir, loss_type):
     """Memory no longer grows with the batch, and nothing else changes: the same optimizer steps, losses and
     LoRA gradients as one forward/backward pass over each whole mini-batch (the earlier behaviour)."""
