@@ -293,7 +293,7 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
     fused loss never materialises the logits the probe reads), and with beta = 0: at the first update the KL term
     has zero gradient anyway, and this skips the reference model's forward pass. Besides masking it checks that
     the update moved the LoRA weights and that they are fp32. Store and trainer output go to a temporary
-    directory, deleted afterwards. For smollm2-135m on 2 AVX2 cores (fp32): about 65 s with peft, about 7 minutes
+    directory, deleted afterwards. For smollm2-135m on 2 AVX2 cores (fp32): about 65 s with peft, 7-9 minutes
     with peft-4bit (bitsandbytes' CPU NF4 kernels dequantize every weight on every call).
     """
     from seal_lite.envs.bfcl import load_tasks

@@ -65,8 +65,8 @@ def test_doctor_backend_peft_4bit_runs_the_self_test_and_a_grpo_step_on_nf4_laye
     """`seal-lite doctor --backend peft-4bit` on a CPU: the masking self-test and its GRPO step on NF4 layers.
 
     On the tiny model: the same command on SmolLM2 (its default) passed on the 2-core AVX2 build machine with 210
-    Linear4bit layers in 447 s, against 64 s for the fp32 peft self-test (bitsandbytes 0.50.2's CPU NF4
-    kernels dequantize every weight on every call), too long for the suite."""
+    Linear4bit layers, its self-test taking 539 s (447 s at 8 new tokens, against 64 s for the fp32 peft
+    self-test: bitsandbytes 0.50.2's CPU NF4 kernels dequantize every weight on every call), too long here."""
     import json
 
     from click.testing import CliRunner
