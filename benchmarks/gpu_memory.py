@@ -5,21 +5,27 @@ Two parts:
 * an **estimate**, computed from the model shapes (always printed; it needs no GPU). It is arithmetic, not a
   measurement: weights, LoRA + AdamW state, checkpointed activations, one layer's recompute, the log-prob
   chunk and the KV cache of the batched rollouts;
-* a **measurement** (``--measure``, needs CUDA): random-init models of the real shapes, loaded through
-  seal-lite's own policy loader (Unsloth 4-bit QLoRA where installed), one real GRPO update through
-  seal-lite's trainer on synthetic multi-turn trajectories of the given length (model segments interleaved
-  with environment segments, env_mask as in a rollout), and a batched generation that fills the KV cache.
-  It prints peak memory and seconds per update. ``--measure --tiny`` runs the same code on a 2-layer model on
-  the CPU: a smoke test of the script, not a figure.
+* a **measurement** (``--measure``, needs CUDA): random-init models of the real shapes (initialised on the GPU,
+  with a tokenizer built locally: no hub, no download), loaded through seal-lite's own policy loader (Unsloth
+  4-bit QLoRA where installed, else ``--backend``), GRPO updates through seal-lite's trainer with the recipes'
+  micro-batching (one trajectory per forward/backward pass, 4 mini-batches) on synthetic multi-turn
+  trajectories of the given length (model segments interleaved with environment segments, env_mask as in a
+  rollout), and a batched generation that fills the KV cache. ``--cap-gb`` limits the process to a target
+  card's memory (15 for a T4, 24), so a row that does not fit fails as it would there; caches are emptied
+  between rows. It prints peak memory and seconds per update (``--json``: one JSON line per row).
+  ``--measure --tiny`` runs the same code on a 2-layer model on the CPU: a smoke test, not a figure.
 
     python benchmarks/gpu_memory.py                       # the estimate table
-    python benchmarks/gpu_memory.py --measure             # on a GPU machine
+    python benchmarks/gpu_memory.py --measure --shapes 3b --tokens 16384 --cap-gb 15 --json   # on a GPU
     python benchmarks/gpu_memory.py --measure --tiny      # CPU smoke test
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass
@@ -129,31 +135,88 @@ def synthetic_batch(tokens: int, rollouts: int, vocab: int, seed: int = 0):
     )
 
 
-def measure(shape: Shape, tokens: int, rollouts: int, tiny: bool) -> dict[str, float]:
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+# Qwen2.5's ChatML, without its tool block (the agent renders tools into the system message itself)
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+# Qwen2.5's special tokens, in its order: it pads with <|endoftext|>, which also ends a generation
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_pad|>"]
+TOKENIZER_TASKS = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_10", "multi_turn_base_12"]
 
-    from seal_lite.models import resolve_model
+
+def local_tokenizer(vocab_size: int = 8192):
+    """A byte-level BPE tokenizer with Qwen2.5's special tokens and ChatML, trained in about a second on the
+    text of a few BFCL tasks: real multi-turn prompts tokenize to realistic lengths without any download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from seal_lite.envs.bfcl import load_tasks
+
+    texts = [json.dumps(task.functions) + json.dumps(task.turns) for task in load_tasks(TOKENIZER_TASKS)]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=QWEN_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   clean_up_tokenization_spaces=False)
+    fast.chat_template = CHATML
+    return fast
+
+
+def random_model_dir(shape: Shape, directory: str) -> str:
+    """A random-init Qwen2 model of ``shape`` (bf16, initialised on the GPU where there is one) with the local
+    tokenizer and Qwen2.5-Instruct's generation config (stops at <|im_end|> and <|endoftext|>, sampling defaults
+    that seal-lite must ignore), saved to ``directory``."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = local_tokenizer()
+    specials = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN_SPECIALS}
+    config = Qwen2Config(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, intermediate_size=shape.intermediate,
+        tie_word_embeddings=shape.tied, max_position_embeddings=32768, bos_token_id=specials["<|endoftext|>"],
+        eos_token_id=specials["<|im_end|>"], pad_token_id=specials["<|endoftext|>"],
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # initialised in bf16: 7B in fp32 (28 GB) would not fit a 24 GB cap
+    try:
+        with torch.device(device):
+            model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[specials["<|im_end|>"], specials["<|endoftext|>"]], pad_token_id=specials["<|endoftext|>"],
+        do_sample=True, repetition_penalty=1.05, temperature=0.7, top_k=20, top_p=0.8)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    del model
+    _empty_caches()
+    return directory
+
+
+def measure(shape: Shape, tokens: int, rollouts: int, backend: str = "auto", micro: int | None = None) -> dict:
+    """Peak memory and seconds of GRPO updates and of a batched generation for one shape and length."""
+    import torch
+
     from seal_lite.recipe import load_recipe
     from seal_lite.training.policy import load_policy
 
     cuda = torch.cuda.is_available()
-    config = Qwen2Config(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, intermediate_size=shape.intermediate,
-        tie_word_embeddings=shape.tied, max_position_embeddings=32768,
-    )
     with tempfile.TemporaryDirectory() as directory:
-        Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
-        # any tokenizer works: ids are synthetic; SmolLM2's ships with the project
-        AutoTokenizer.from_pretrained(resolve_model("smollm2-135m")).save_pretrained(directory)
+        random_model_dir(shape, directory)
         recipe = load_recipe(None, {
-            "policy.model": directory, "policy.lora_r": 16, "policy.lora_alpha": 32,
+            "policy.model": directory, "policy.backend": backend, "policy.lora_r": 16, "policy.lora_alpha": 32,
+            "policy.gradient_checkpointing": True,
             "rollout.num_generations": rollouts, "rollout.max_context_tokens": tokens, "grpo.tasks_per_step": 1,
-            "grpo.steps": 2, "grpo.mini_batches": rollouts, "diagnoser.mode": "off", "data.task_ids": ["task"],
+            "grpo.steps": 2, "grpo.mini_batches": math.gcd(4, rollouts), "grpo.micro_batch_size": micro,
+            "diagnoser.mode": "off", "data.task_ids": ["task"],
         })
         policy = load_policy(directory, recipe)
-        from seal_lite.training.grpo import build_trainer
+        from seal_lite.training.grpo import build_trainer  # after the policy: Unsloth patches trl on import
 
         batch = synthetic_batch(tokens, rollouts, min(shape.vocab, len(policy.tokenizer)))
         trainer = build_trainer(policy, recipe, ["task"], lambda prompts: batch, directory + "/trl")
@@ -166,18 +229,41 @@ def measure(shape: Shape, tokens: int, rollouts: int, tiny: bool) -> dict[str, f
         train_peak = torch.cuda.max_memory_allocated() / GB if cuda else float("nan")
         # the rollout side: prefill + 32 new tokens for all trajectories at once fills the KV cache
         model = trainer.model
+        _empty_caches()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         prompt = torch.tensor([row[: tokens - 32] for row in (p + c for p, c in
                                zip(batch.prompt_ids, batch.completion_ids))], device=model.device)
         started = time.time()
-        with torch.no_grad():
+        with torch.no_grad(), policy.generation_mode(model):
             model.generate(input_ids=prompt, max_new_tokens=32, min_new_tokens=32, do_sample=True,
                            pad_token_id=policy.tokenizer.pad_token_id)
         generate_s = time.time() - started
         generate_peak = torch.cuda.max_memory_allocated() / GB if cuda else float("nan")
-    return {"backend": policy.backend, "train_peak_gb": train_peak, "generate_peak_gb": generate_peak,
-            "update_s": timings[-1] if timings else float("nan"), "generate_s": generate_s}
+        figures = {"shape": shape.name, "tokens": tokens, "rollouts": rollouts, "backend": policy.backend,
+                   "micro_batch": recipe.micro_batch(), "updates": len(timings), "train_peak_gb": train_peak,
+                   "generate_peak_gb": generate_peak, "update_s": timings[-1] if timings else float("nan"),
+                   "generate_s": generate_s}
+        del trainer, model, policy
+    _empty_caches()
+    return figures
+
+
+def _empty_caches() -> None:
+    """Free what a row left behind, so the next row's peak is its own."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def cap_memory(gb: float) -> None:
+    """Let this process allocate at most ``gb`` of GPU memory (a T4's 15 GB, a 24 GB card's) on a larger GPU."""
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gb * GB / total), 0)
 
 
 def _timer(timings: list[float]):
@@ -201,21 +287,47 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="measure a 2-layer model instead (a smoke test)")
     parser.add_argument("--shapes", default="1.5b,3b,7b")
     parser.add_argument("--tokens", default="8192,16384")
+    parser.add_argument("--backend", default="auto", choices=["auto", "unsloth", "peft-4bit", "peft"])
+    parser.add_argument("--micro-batch", type=int, default=None, help="trajectories per forward/backward pass "
+                        "(default: the recipes' one)")
+    parser.add_argument("--cap-gb", type=float, default=None, help="GPU memory this process may use, e.g. 15 (T4)")
+    parser.add_argument("--json", action="store_true", help="one JSON line per measured row, no tables")
     args = parser.parse_args()
-    print_estimates(args.rollouts)
+    if not args.json:
+        print_estimates(args.rollouts)
     if not args.measure:
         return
-    print("\nMEASURED: shape, tokens, backend, train peak GB, generate peak GB, s/update, s/generate")
+    if args.cap_gb:
+        cap_memory(args.cap_gb)
+    if not args.json:
+        print("\nMEASURED: shape, tokens, backend, train peak GB, generate peak GB, s/update, s/generate")
+    failed = False
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         if args.tiny:
-            shape = Shape(f"tiny-{name}", 64, 2, 4, 2, 128, 4096, shape.tied)
+            shape = Shape(f"tiny-{name}", 64, 2, 4, 2, 128, 8192, shape.tied)
         for tokens in (int(t) for t in args.tokens.split(",")):
-            figures = measure(shape, tokens if not args.tiny else 1024, min(args.rollouts, 2) if args.tiny
-                              else args.rollouts, args.tiny)
-            print(f"{shape.name:14s} {tokens:6d} {figures['backend']:9s} {figures['train_peak_gb']:7.2f} "
-                  f"{figures['generate_peak_gb']:7.2f} {figures['update_s']:8.1f} {figures['generate_s']:8.1f}",
-                  flush=True)
+            tokens, rollouts = (1024, min(args.rollouts, 2)) if args.tiny else (tokens, args.rollouts)
+            row = {"check": "gpu_memory", "shape": shape.name, "tokens": tokens, "cap_gb": args.cap_gb}
+            started = time.time()
+            try:
+                row |= measure(shape, tokens, rollouts, args.backend, args.micro_batch) | {"ok": True}
+                row["estimate_peak_gb"] = None if args.tiny else round(estimate(shape, tokens, rollouts)["peak"], 2)
+            except Exception as error:  # a row that does not fit the cap is a result, not the end of the run
+                row |= {"ok": False, "error": f"{type(error).__name__}: {str(error)[:300]}"}
+                failed = True
+                _empty_caches()
+            row["seconds"] = round(time.time() - started, 1)
+            if args.json:  # strict JSON: no NaN (the CPU has no GPU peak)
+                print(json.dumps({key: None if isinstance(value, float) and math.isnan(value) else value
+                                  for key, value in row.items()}), flush=True)
+            elif row["ok"]:
+                print(f"{shape.name:14s} {tokens:6d} {row['backend']:9s} {row['train_peak_gb']:7.2f} "
+                      f"{row['generate_peak_gb']:7.2f} {row['update_s']:8.1f} {row['generate_s']:8.1f}", flush=True)
+            else:
+                print(f"{shape.name:14s} {tokens:6d} FAILED {row['error']}", flush=True)
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

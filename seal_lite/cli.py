@@ -115,7 +115,10 @@ def run(recipe, out, overrides, overwrite):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--model", metavar="SPEC", help="Model for the masking self-test (default: the quickstart's policy).")
 @click.option("--no-self-test", is_flag=True, help="Skip the masking self-test (about 20 s on 2 CPU cores).")
-def doctor(as_json, model, no_self_test):
+@click.option("--backend", type=click.Choice(["peft", "peft-4bit"]), default="peft", show_default=True,
+              help="Policy backend of the self-test: peft-4bit runs it on bitsandbytes NF4 layers (GPU, or CPU: "
+              "several minutes there).")
+def doctor(as_json, model, no_self_test, backend):
     """What this machine can run: hardware, backends, models, and a masking self-test.
 
     The self-test rolls out a real BFCL task with the policy model inside the real trainer and checks that the
@@ -126,12 +129,13 @@ def doctor(as_json, model, no_self_test):
     Examples:
       seal-lite doctor
       seal-lite doctor --json --no-self-test
+      seal-lite doctor --backend peft-4bit
     """
     import json
 
     from seal_lite.doctor import render_text, report
 
-    result = report(model, self_test=not no_self_test)
+    result = report(model, self_test=not no_self_test, backend=backend)
     click.echo(json.dumps(result, indent=2) if as_json else render_text(result))
     if not result["ok"]:
         sys.exit(1)

@@ -128,7 +128,8 @@ def backends() -> dict:
         if version is None and role == "required":
             row |= {"ok": False, "note": "missing (seal-lite needs it)", "fix": f"pip install '{pin or distribution}'"}
         elif version is None:
-            row["note"] = "optional, 4-bit QLoRA on an NVIDIA GPU"
+            row["note"] = "optional, 4-bit QLoRA on an NVIDIA GPU" + (
+                " (bitsandbytes also on a CPU: doctor --backend peft-4bit)" if name == "bitsandbytes" else "")
             if cuda:
                 row["fix"] = GPU_EXTRA_INSTALL
         elif pin and not _satisfies(version, pin):
@@ -192,11 +193,14 @@ def _cuda_visible() -> bool:
 
 
 def _training_backend(cuda: bool) -> dict:
-    """What ``policy.backend: auto`` picks here."""
-    from seal_lite.training.policy import choose_backend, installed_backends
+    """What ``policy.backend: auto`` and ``policy.dtype: auto`` pick here, and why (Unsloth is imported only where
+    auto would choose it: with a GPU)."""
+    from seal_lite.training.policy import installed_backends, pick_dtype, resolve_backend
 
-    backend, reason = choose_backend("auto", cuda, installed_backends())
-    return {"backend": backend, "reason": reason}
+    backend, reason = resolve_backend("auto", cuda, installed_backends())
+    dtype, dtype_reason = pick_dtype("auto", cuda)
+    return {"backend": backend, "reason": reason, "dtype": str(dtype).removeprefix("torch."),
+            "dtype_reason": dtype_reason}
 
 
 # --- 3. models ------------------------------------------------------------------------------------------------
@@ -252,12 +256,19 @@ class SelfTestResult:
     min_model_grad: float | None = None  # per position: max over the vocabulary of |dL/dlogit|
     mean_model_grad: float | None = None
     loss: float | None = None
+    backend: str = "peft"
+    dtype: str | None = None  # the compute dtype the step trained in
+    linear4bit_layers: int = 0  # bitsandbytes NF4 layers in the policy (peft-4bit)
+    trainable_dtypes: list[str] = dataclasses.field(default_factory=list)  # of the LoRA parameters: fp32 only
+    lora_changed: int = 0  # LoRA entries the GRPO step moved (of lora_entries)
+    lora_entries: int = 0
     seconds: float = 0.0
 
 
 def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", turns: int = 2,
                       num_generations: int = 2, max_new_tokens: int = 16, max_model_calls: int = 4,
-                      seed: int = 0, dtype: str = "auto", label: str | None = None) -> SelfTestResult:
+                      seed: int = 0, dtype: str = "auto", backend: str = "peft",
+                      label: str | None = None) -> SelfTestResult:
     """Check on one real multi-turn GRPO step that only the tokens the policy generated carry loss and gradient.
 
     The model at ``model_dir`` rolls out ``num_generations`` trajectories of the real BFCL task ``task_id``, cut
@@ -277,10 +288,13 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
 
     This tests masking, not rewards: a small model usually earns reward 0 on every trajectory, so A = 0 and no
     gradient at all would flow. The advantages the loop computed are therefore replaced by +1/-1 within each
-    group before TRL sees them. The step trains in ``dtype`` (auto: the dtype a run would train in)
-    with the peft backend, and with beta = 0: at the first update the KL term has zero gradient anyway, and this
-    skips the reference model's forward pass. Store and trainer output go to a temporary directory, deleted
-    afterwards. About 25 s for smollm2-135m on 2 CPU cores.
+    group before TRL sees them. The step trains in ``dtype`` (auto: the dtype a run would train in) with
+    ``backend`` (peft, or peft-4bit: the same step on NF4 ``Linear4bit`` layers, also on a CPU; not unsloth, whose
+    fused loss never materialises the logits the probe reads), and with beta = 0: at the first update the KL term
+    has zero gradient anyway, and this skips the reference model's forward pass. Besides masking it checks that
+    the update moved the LoRA weights and that they are fp32. Store and trainer output go to a temporary
+    directory, deleted afterwards. For smollm2-135m on 2 AVX2 cores (fp32): about 65 s with peft, 7-9 minutes
+    with peft-4bit (bitsandbytes' CPU NF4 kernels dequantize every weight on every call).
     """
     from seal_lite.envs.bfcl import load_tasks
     from seal_lite.generation import TransformersGenerator
@@ -288,31 +302,47 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
     from seal_lite.recipe import load_recipe
     from seal_lite.store import Store
     from seal_lite.training.grpo import build_trainer
-    from seal_lite.training.policy import load_policy
+    from seal_lite.training.policy import count_linear4bit, load_policy
 
+    if backend not in ("peft", "peft-4bit"):
+        raise ValueError(f"the masking self-test runs on peft or peft-4bit, not {backend}")
     started = time.time()
     overrides = {
         "name": "doctor", "seed": seed, "data.task_ids": [task_id], "diagnoser.mode": "off",
         "grpo.tasks_per_step": 1, "grpo.steps": 1, "rollout.num_generations": num_generations,
         "rollout.max_turns": turns, "rollout.max_new_tokens": max_new_tokens,
         "rollout.max_model_calls": max_model_calls, "policy.dtype": dtype, "grpo.beta": 0.0,
-        "policy.backend": "peft",  # the gradient probe reads the LM head's output (see _Probe)
+        "policy.backend": backend,
         # the mask does not depend on how tools are shown; one-line signatures keep the prompt near 1k tokens
         "interface.tool_format": "signatures",
     }
     recipe = load_recipe(None, overrides)
     task = load_tasks([task_id])[0].truncated(turns)
-    result = SelfTestResult(False, "", label or model_dir, task_id)
+    result = SelfTestResult(False, "", label or model_dir, task_id, backend=backend)
     with tempfile.TemporaryDirectory(prefix="seal-lite-doctor-") as tmp:
         store = Store(Path(tmp) / "seal.db")
         step = SealStep(recipe, store, {task.id: task}, None)
         probe = _Probe(step, num_generations)
         policy = load_policy(model_dir, recipe)
         trainer = build_trainer(policy, recipe, [task.id], probe, str(Path(tmp) / "trl"))
-        step.generator = probe.recorder = _RecordingGenerator(TransformersGenerator(trainer.model, policy.tokenizer))
+        step.generator = probe.recorder = _RecordingGenerator(
+            TransformersGenerator(trainer.model, policy.tokenizer, policy.generation_mode))
         probe.attach(trainer)
+        lora = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
         result.loss = float(trainer.train().training_loss)
         failures = probe.check(result)
+        result.dtype = str(policy.dtype).removeprefix("torch.")
+        result.linear4bit_layers = count_linear4bit(trainer.model)
+        if backend == "peft-4bit" and result.linear4bit_layers == 0:
+            failures.append("backend peft-4bit, yet the policy has no bitsandbytes Linear4bit layer")
+        after = dict(trainer.model.named_parameters())
+        result.trainable_dtypes = sorted({str(after[name].dtype).removeprefix("torch.") for name in lora})
+        if result.trainable_dtypes != ["float32"]:
+            failures.append(f"LoRA parameters in {result.trainable_dtypes}, not float32: small updates round away")
+        result.lora_entries = sum(p.numel() for p in lora.values())
+        result.lora_changed = sum(int((after[name].detach() != p).sum()) for name, p in lora.items())
+        if result.lora_changed == 0:
+            failures.append("the GRPO step left every LoRA weight unchanged")
         result.tool_results = sum(_tool_results_inside(store.trajectory(row["id"])["messages"])
                                   for row in store.trajectories())
     result.passed = not failures
@@ -553,6 +583,7 @@ def render_text(report: dict, *, ascii: bool = False) -> str:
     chosen = report["backends"].get("training_backend")
     if chosen:
         item(yes, "training backend", f"{chosen['backend']} ({chosen['reason']})")
+        item(yes, "training dtype", f"{chosen['dtype']} ({chosen['dtype_reason']})")
 
     lines += ["", "Models (pip-shipped GGUF)"]
     for row in report["models"]:
@@ -568,7 +599,8 @@ def render_text(report: dict, *, ascii: bool = False) -> str:
     if test is None:
         item(dash, "skipped", "")
     else:
-        where = f"{test['model']}, {test['task_id']}, {test['trajectories']} trajectories"
+        where = (f"{test['model']} ({test['backend']}, {test['dtype']}), {test['task_id']}, "
+                 f"{test['trajectories']} trajectories")
         if test["passed"]:
             item(yes, "passed", f"{where}, {test['seconds']} s")
         else:
@@ -580,6 +612,9 @@ def render_text(report: dict, *, ascii: bool = False) -> str:
                           else f"min {test['min_model_grad']:.3g}, mean {test['mean_model_grad']:.3g}")
             item(dash, "|grad| of logits", f"environment positions max {test['max_env_grad']:.3g}; "
                                            f"model positions {model_grad}")
+            item(dash, "GRPO step", f"moved {test['lora_changed']} of {test['lora_entries']} LoRA weights "
+                                    f"({', '.join(test['trainable_dtypes'])}); {test['linear4bit_layers']} "
+                                    "Linear4bit layers")
     lines += ["", _verdict(report, yes, no)]
     return "\n".join(lines)
 

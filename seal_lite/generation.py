@@ -1,23 +1,31 @@
 """Rollout generation with transformers ``generate`` on the policy being trained (base + LoRA).
 
-Batched with left padding; each returned sequence is cut right after its first stop token.
+Batched with left padding; each returned sequence is cut right after its first stop token. Sampling is plain
+softmax(logits / T): the model's generation config carries no sampling defaults (``policy.sampling_free``) and
+top-k/top-p are off, so the rollouts come from the distribution the GRPO loss scores them with.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from seal_lite import profile
+from seal_lite.training.policy import eval_mode
 
 
 class TransformersGenerator:
-    def __init__(self, model, tokenizer):
+    """``mode(model)`` is the context generation runs in: the policy's ``generation_mode`` (Unsloth's
+    for_inference), by default eval mode (no dropout)."""
+
+    def __init__(self, model, tokenizer, mode: Callable = eval_mode):
         self.model = model
         self.tokenizer = tokenizer
-        self.stop_ids = sorted(_stop_ids(tokenizer, model))
+        self.mode = mode
+        self.stop_ids = sorted(stop_ids(tokenizer, model))
 
     @torch.no_grad()
     def generate(self, batch: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
@@ -25,11 +33,9 @@ class TransformersGenerator:
         width = max(len(ids) for ids in batch)
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=self.model.device)
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=self.model.device)
-        was_training = self.model.training
-        self.model.eval()
         first_token = _FirstCall()
         started = time.perf_counter()
-        try:
+        with self.mode(self.model):
             output = self.model.generate(
                 logits_processor=LogitsProcessorList([first_token]),
                 input_ids=input_ids,
@@ -42,8 +48,6 @@ class TransformersGenerator:
                 eos_token_id=self.stop_ids,
                 pad_token_id=pad,
             )
-        finally:
-            self.model.train(was_training)
         prefill_end = first_token.at or time.perf_counter()
         profile.add("prefill", prefill_end - started)  # reading the prompts, up to the first token's logits
         profile.add("decode", time.perf_counter() - prefill_end)
@@ -67,7 +71,8 @@ class _FirstCall(LogitsProcessor):
         return scores
 
 
-def _stop_ids(tokenizer, model) -> set[int]:
+def stop_ids(tokenizer, model) -> set[int]:
+    """Every token that ends a model turn: the tokenizer's and the model's eos ids, and ChatML's <|im_end|>."""
     stops = set()
     for source in (tokenizer.eos_token_id, model.generation_config.eos_token_id):
         if isinstance(source, int):

@@ -421,16 +421,18 @@ def rollout_backend(recipe: Recipe) -> str:
 
 
 @contextlib.contextmanager
-def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path):
+def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
     """(generator, sync): who plays the rollouts, and how it gets the current policy before each step.
 
-    transformers generates with the LoRA-wrapped model TRL trains, so it is always current. llama.cpp serves the
-    policy's GGUF plus a LoRA GGUF exported from the trained adapter before every step.
+    transformers generates with the LoRA-wrapped model TRL trains, so it is always current; ``mode`` is the
+    policy's generation_mode (None: eval mode). llama.cpp serves the policy's GGUF plus a LoRA GGUF exported from
+    the trained adapter before every step.
     """
     if rollout_backend(recipe) == "transformers":
         from seal_lite.generation import TransformersGenerator
+        from seal_lite.training.policy import eval_mode
 
-        yield TransformersGenerator(model, tokenizer), lambda step: None
+        yield TransformersGenerator(model, tokenizer, mode or eval_mode), lambda step: None
         return
     from seal_lite.gguf_lora import export_lora_gguf
     from seal_lite.llamacpp import LlamaCppGenerator
@@ -548,7 +550,8 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
 
             trainer = build_trainer(policy, recipe, task_ids, seal_step, str(out_dir / "checkpoints"),
                                     callbacks=[StoreCallback(store, updates, seal_step), CheckpointCallback(commit, updates)])
-            with rollout_engine(recipe, trainer.model, policy.tokenizer, out_dir) as (generator, sync):
+            with rollout_engine(recipe, trainer.model, policy.tokenizer, out_dir, policy.generation_mode) as (
+                    generator, sync):
                 seal_step.generator, seal_step.sync_policy = generator, sync
                 # 9. the policy updates, one per SEAL step (TRL calls seal_step for the rollouts of each)
                 trainer.train(resume_from_checkpoint=str(out_dir / checkpoint["path"]) if checkpoint else None)

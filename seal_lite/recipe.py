@@ -27,7 +27,9 @@ class PolicyConfig(_Section):
         "shipped as GGUF in pip packages), a local model directory, a local .gguf file, or a hub id.",
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto", description="Training dtype; auto picks bfloat16 (about 1.7x faster than float32 on CPU)."
+        "auto", description="Training dtype. auto: bfloat16 on a GPU with native bf16 (float16 before Ampere, "
+        "e.g. a T4); on a CPU bfloat16 only with AVX512_BF16 or AMX (1.7x faster than float32 there), else float32 "
+        "(emulated bf16 is 5-20x slower). `seal-lite doctor` shows the choice and why."
     )
     lora_r: int = Field(8, ge=1, description="LoRA rank.")
     lora_alpha: int = Field(16, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
@@ -35,8 +37,9 @@ class PolicyConfig(_Section):
     backend: Literal["auto", "unsloth", "peft-4bit", "peft"] = Field(
         "auto",
         description="How the policy is loaded: unsloth (Unsloth 4-bit QLoRA, NVIDIA GPU), peft-4bit (transformers + "
-        "bitsandbytes 4-bit + peft LoRA, NVIDIA GPU), peft (LoRA on a bf16/fp32 model, any device). auto picks the "
-        "first that works here, in that order; `seal-lite doctor` shows which.",
+        "bitsandbytes NF4 + peft LoRA; NVIDIA GPU, or a CPU when named explicitly), peft (LoRA on a bf16/fp32 model, "
+        "any device). auto picks the first that works here, in that order (on a CPU: peft); `seal-lite doctor` "
+        "shows which.",
     )
     gradient_checkpointing: bool | None = Field(
         None, description="Recompute activations in the backward pass to fit long trajectories (None: on with a GPU)."
@@ -173,6 +176,11 @@ class GRPOConfig(_Section):
         1, ge=1, description="Optimizer steps per SEAL step: the step's trajectories are split into this many "
         "mini-batches (paper: 4). tasks_per_step x num_generations must be divisible by it.",
     )
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Trajectories per forward/backward pass; the gradients of a mini-batch's "
+        "micro-batches accumulate into one optimizer step, with the same result. None: 1 (memory does not grow "
+        "with the batch), except for loss_type bnpo, whose token mean is per micro-batch: the whole mini-batch.",
+    )
     num_iterations: int = Field(1, ge=1, description="PPO epochs over each step's trajectories (paper: 1).")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
@@ -227,6 +235,13 @@ class Recipe(_Section):
         if self.grpo.dual_clip is not None and self.grpo.dual_clip <= 1 + self.grpo.epsilon:
             raise _FieldError("grpo.dual_clip", self.grpo.dual_clip, f"it must exceed 1 + grpo.epsilon "
                               f"({1 + self.grpo.epsilon}) to cap only what PPO's clip leaves; the paper uses 10")
+        mini_batch, micro = generation_batch // self.grpo.mini_batches, self.grpo.micro_batch_size
+        if micro is not None and mini_batch % micro:
+            raise _FieldError("grpo.micro_batch_size", micro, f"it must divide the mini-batch ({mini_batch} "
+                              "trajectories: tasks_per_step x num_generations / mini_batches); use 1")
+        if micro is not None and self.grpo.loss_type == "bnpo" and micro != mini_batch:
+            raise _FieldError("grpo.micro_batch_size", micro, f"bnpo's token mean is taken per micro-batch, so it "
+                              f"must be the whole mini-batch ({mini_batch}); leave it unset or use loss_type dapo")
         if self.interface.hints == "llm" and self.diagnoser.mode == "off":
             raise _FieldError("interface.hints", "llm", "hints from the diagnoser need it on; set diagnoser.mode "
                               "to in_process (or server/url), or use interface.hints template")
@@ -234,6 +249,16 @@ class Recipe(_Section):
             raise _FieldError("diagnoser.url", None, "diagnoser.mode url needs the server's base URL; set diagnoser.url "
                               "(e.g. http://127.0.0.1:8000) or use mode server to let seal-lite start one")
         return self
+
+    def micro_batch(self) -> int:
+        """Trajectories per forward/backward pass (``grpo.micro_batch_size`` resolved)."""
+        if self.grpo.micro_batch_size is not None:
+            return self.grpo.micro_batch_size
+        return self.mini_batch() if self.grpo.loss_type == "bnpo" else 1
+
+    def mini_batch(self) -> int:
+        """Trajectories per optimizer step."""
+        return self.grpo.tasks_per_step * self.rollout.num_generations // self.grpo.mini_batches
 
     def out_dir(self) -> Path:
         return Path(self.output_dir or Path("runs") / self.name)

@@ -98,9 +98,11 @@ def test_masking_self_test_passes_on_smollm2(smol_dir):
 def test_self_test_covers_tool_results_inside_completions(tiny_model_dir, monkeypatch):
     """A scripted policy that calls a tool: the tool result, too, sits between model tokens without loss."""
     task = load_tasks(["multi_turn_base_0"])[0]
-    scripts = [[tool_call_text(task.ground_truth[0]), "Done.", "Done."] for _ in range(2)]
-    monkeypatch.setattr(generation, "TransformersGenerator", lambda model, tokenizer: ScriptedGenerator(tokenizer,
-                                                                                                         scripts))
+    # the episodes differ after the tool result: with +1 and -1 advantages identical ones would cancel exactly
+    scripts = [[tool_call_text(task.ground_truth[0]), "Done.", "Done."],
+               [tool_call_text(task.ground_truth[0]), "Finished.", "Finished."]]
+    monkeypatch.setattr(generation, "TransformersGenerator",
+                        lambda model, tokenizer, mode: ScriptedGenerator(tokenizer, scripts))
     result = doctor.masking_self_test(tiny_model_dir)
     assert result.passed, result.message
     assert result.tool_results == 2 and result.max_env_grad == 0.0 and result.min_model_grad > 0

@@ -62,6 +62,8 @@ class Case:
             "grpo.beta": BETA, "grpo.epsilon": EPSILON, "grpo.diagnosis_weighting": weighting,
             "rollout.num_generations": G, "rollout.max_turns": 2, "rollout.max_calls_per_turn": 1,
             "rollout.temperature": temperature, "policy.dtype": "float32", "diagnoser.mode": "off",
+            # the whole batch in one loss call, as below (test_training checks that micro-batches equal it)
+            "grpo.micro_batch_size": G,
         })
         task = load_tasks([TASK_ID])[0].truncated(2)
         store = Store(root / "seal.db")

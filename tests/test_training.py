@@ -171,3 +171,72 @@ def test_a_step_without_learning_signal_skips_the_model_but_not_the_optimizer(tm
     assert any(torch.count_nonzero(p) > 0 for n, p in full.items() if "lora_B" in n)  # the signal step moved LoRA
     for name in full:
         assert torch.allclose(skipped[name], full[name], rtol=0, atol=1e-7), name
+
+
+def _train_recording(tmp_path, model_dir, loss_type: str, micro: int):
+    """One SEAL step over a real two-turn BFCL task (4 scripted episodes: model tokens, tool results and user turns
+    in every completion), 2 mini-batches x 2 PPO epochs = 4 optimizer steps, micro-batches of ``micro``
+    trajectories. Returns (optimizer steps, TRL's config, loss per step, LoRA gradients per step)."""
+    from transformers import TrainerCallback
+
+    recipe = load_recipe(None, {
+        "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.mini_batches": 2,
+        "grpo.num_iterations": 2, "grpo.micro_batch_size": micro, "grpo.loss_type": loss_type, "grpo.beta": 0.04,
+        "grpo.learning_rate": 1e-2, "rollout.num_generations": 4, "rollout.max_turns": 2,
+        "rollout.max_calls_per_turn": 1, "policy.dtype": "float32", "diagnoser.mode": "off",
+    })
+    task = load_tasks(["multi_turn_base_0"])[0].truncated(2)
+    truth = task.ground_truth
+    scripts = [[tool_call_text(truth[0]), tool_call_text(truth[1])],
+               [tool_call_text(["mkdir(dir_name='x')"]), tool_call_text(truth[1])],
+               ["I cannot.", "No."],
+               [tool_call_text(truth[0]), "Done."]]
+    policy = load_policy(model_dir, recipe)
+    step = SealStep(recipe, Store(tmp_path / "seal.db"), {task.id: task}, ScriptedGenerator(policy.tokenizer, scripts))
+    grads = []
+
+    class Gradients(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if "lora_" in n})
+
+    trainer = grpo.build_trainer(policy, recipe, [task.id], step, str(tmp_path / "trl"), callbacks=[Gradients()])
+    trainer.args.logging_steps = 1  # the loss of every optimizer step
+    trainer.args.save_strategy = "no"
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return trainer.state.global_step, trainer.args, losses, grads
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])  # dapo: batch-token normaliser; grpo: per sequence
+def test_one_trajectory_per_micro_batch_trains_exactly_like_whole_mini_batches(tmp_path, tiny_model_dir, loss_type):
+    """Memory no longer grows with the batch, and nothing else changes: the same optimizer steps, losses and
+    LoRA gradients as one forward/backward pass over each whole mini-batch (the earlier behaviour)."""
+    whole = _train_recording(tmp_path / "whole", tiny_model_dir, loss_type, micro=2)
+    single = _train_recording(tmp_path / "single", tiny_model_dir, loss_type, micro=1)
+    # (the gradients of steps 2-4 are taken at the weights the earlier steps left, so those agree as well)
+    (steps, args, losses, grads), (steps_1, args_1, losses_1, grads_1) = whole, single
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (2, 1)
+    assert (args_1.per_device_train_batch_size, args_1.gradient_accumulation_steps) == (1, 2)
+    assert steps == steps_1 == 4 and len(grads) == len(grads_1) == 4
+    assert losses_1 == pytest.approx(losses, rel=1e-5, abs=1e-7)
+    assert any(abs(loss) > 1e-4 for loss in losses)  # a real learning signal, not zeros compared with zeros
+    for before, after in zip(grads, grads_1, strict=True):
+        assert any(g.abs().max() > 0 for g in before.values())
+        for name in before:
+            # float tolerance relative to the tensor's scale: fp32 sums in another order, and from step 2 on the
+            # weights an lr-1e-2 Adam step left (measured: at most 6e-5 of the largest entry)
+            scale = before[name].abs().max().item()
+            torch.testing.assert_close(after[name], before[name], rtol=0, atol=2e-4 * scale + 1e-10, msg=name)
+
+
+def test_micro_batch_size_defaults_to_one_trajectory_and_must_divide_the_mini_batch():
+    from seal_lite.recipe import RecipeError
+
+    base = {"grpo.tasks_per_step": 2, "rollout.num_generations": 4, "grpo.mini_batches": 2}  # mini-batches of 4
+    assert load_recipe(None, base).micro_batch() == 1
+    assert load_recipe(None, base | {"grpo.micro_batch_size": 2}).micro_batch() == 2
+    assert load_recipe(None, base | {"grpo.loss_type": "bnpo"}).micro_batch() == 4  # bnpo: its token mean
+    with pytest.raises(RecipeError, match=r"grpo.micro_batch_size = 3: it must divide the mini-batch \(4"):
+        load_recipe(None, base | {"grpo.micro_batch_size": 3})
+    with pytest.raises(RecipeError, match="bnpo's token mean is taken per micro-batch"):
+        load_recipe(None, base | {"grpo.loss_type": "bnpo", "grpo.micro_batch_size": 1})

@@ -9,6 +9,11 @@ How SEAL plugs into GRPOTrainer, through its extension points:
   normalisation (std + 1e-4) is replaced by the SEAL advantages the loop computed, A_j = (r_j - mean) /
   (std + 1e-6) times the diagnosis weight w_j (SEAL_METHOD.md §2 steps 7-8).
 * the reward function only hands TRL the official verdict the loop already computed, for TRL's logging.
+
+Batching: each SEAL step's tasks x G trajectories are split into ``grpo.mini_batches`` mini-batches (one optimizer
+step each), and each mini-batch into micro-batches of ``micro_batch_size`` trajectories (default one), whose
+gradients accumulate: memory no longer grows with the batch, while the optimizer steps, the loss and its gradient
+stay those of the whole mini-batch (TRL divides by the accumulation steps; dapo by the batch's token count).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from transformers import PrinterCallback, TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 
 from seal_lite.recipe import Recipe
-from seal_lite.training.policy import Policy
+from seal_lite.training.policy import Policy, keep_trainable_fp32
 
 if TYPE_CHECKING:
     from seal_lite.loop import RolloutBatch
@@ -150,13 +155,17 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
                   output_dir: str, callbacks: list[TrainerCallback] = ()) -> SealGRPOTrainer:
     grpo, group = recipe.grpo, recipe.rollout.num_generations
     updates = updates_per_step(recipe)
+    micro = recipe.micro_batch()
     config = GRPOConfig(
         output_dir=output_dir,
-        # one generation batch (tasks_per_step x G trajectories) per SEAL step, split into mini-batches
-        per_device_train_batch_size=grpo.tasks_per_step * group // grpo.mini_batches,
-        steps_per_generation=grpo.mini_batches,
+        # one generation batch (tasks_per_step x G trajectories) per SEAL step, in micro-batches of `micro`
+        # trajectories; the gradients of one mini-batch's micro-batches accumulate into one optimizer step
+        per_device_train_batch_size=micro,
+        steps_per_generation=grpo.tasks_per_step * group // micro,
         num_generations=group,
-        gradient_accumulation_steps=1,
+        gradient_accumulation_steps=recipe.mini_batch() // micro,
+        gradient_checkpointing=policy.gradient_checkpointing,  # trl defaults it on, also on a CPU
+        gradient_checkpointing_kwargs={"use_reentrant": False},
         num_iterations=grpo.num_iterations,
         max_steps=grpo.steps * updates,
         learning_rate=grpo.learning_rate,
@@ -209,5 +218,6 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         callbacks=list(callbacks),
     )
     trainer.remove_callback(PrinterCallback)  # the run shows its own progress; figures go to the store
+    keep_trainable_fp32(trainer.model)  # undoes trl's bf16 cast of LoRA weights on 4-bit models
     trainer.max_logprob_gap = recipe.rollout.max_logprob_gap
     return trainer

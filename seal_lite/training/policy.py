@@ -5,16 +5,32 @@ Three backends, tried in this order by ``policy.backend: auto``:
 * ``unsloth``   Unsloth FastLanguageModel, 4-bit QLoRA with its fused kernels (an NVIDIA GPU and the
                 ``gpu`` extra). Unsloth patches TRL when imported, so this module is imported, and the policy
                 loaded, *before* seal_lite.training.grpo imports trl.
-* ``peft-4bit`` transformers + bitsandbytes NF4 + peft LoRA (an NVIDIA GPU and bitsandbytes).
+* ``peft-4bit`` transformers + bitsandbytes NF4 + peft LoRA: QLoRA without Unsloth. Chosen by auto only with an
+                NVIDIA GPU; requested explicitly it also runs on a CPU (bitsandbytes 0.50 has CPU NF4 kernels),
+                which is how the test suite covers the 4-bit path.
 * ``peft``      LoRA on a bf16 or fp32 model, any device: the CPU path.
 
-``choose_backend`` is pure, so the choice is tested without a GPU.
+Departures from what the libraries do by default, each needed for correct training:
+
+* trainable (LoRA) parameters stay fp32 (``keep_trainable_fp32``): trl 1.14.2 casts them to bf16 for 4-bit
+  models, where most updates at lr 2e-5 round away and fp16's GradScaler refuses them;
+* no ``prepare_model_for_kbit_training``: it upcasts embeddings and LM head to fp32 (about 2 GB on 7B) for no
+  benefit to a LoRA that does not train them;
+* the checkpoint's sampling defaults (Qwen's repetition_penalty 1.05, top_k, top_p) are dropped: rollouts must
+  sample from the policy's own distribution at the rollout temperature, the one the loss scores them with;
+* the pad token is never a token that ends a turn (Qwen pads with ``<|endoftext|>``, which it also emits):
+  Unsloth rebuilds attention masks from the pad id.
+
+``choose_backend`` and ``cpu_native_bf16`` are pure, so the choices are tested without a GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from seal_lite.recipe import Recipe
 
@@ -38,12 +54,14 @@ def choose_backend(requested: str, cuda_available: bool, installed: set[str]) ->
     """(backend, reason) for ``policy.backend``; raises PolicyBackendError when the request cannot be met."""
     if requested in GPU_LIBRARY:
         library = GPU_LIBRARY[requested]
-        if not cuda_available:
+        if requested == "unsloth" and not cuda_available:  # without a GPU Unsloth silently becomes plain peft
             raise PolicyBackendError(f"policy.backend {requested} needs an NVIDIA GPU (none is visible to torch); "
-                                     "use auto or peft")
+                                     "use auto, peft-4bit or peft")
         if library not in installed:
             raise PolicyBackendError(f"policy.backend {requested} needs {library}: pip install -e '.[gpu]' "
                                      "(or use auto)")
+        if not cuda_available:
+            return requested, "requested in the recipe; NF4 on the CPU (bitsandbytes' CPU kernels)"
         return requested, "requested in the recipe"
     if requested == "peft":
         return "peft", "requested in the recipe"
@@ -56,6 +74,35 @@ def choose_backend(requested: str, cuda_available: bool, installed: set[str]) ->
     return "peft", "auto: no GPU, LoRA on the CPU"
 
 
+def resolve_backend(requested: str, cuda_available: bool, installed: set[str]) -> tuple[str, str]:
+    """``choose_backend``, then, for unsloth, its import: Unsloth can be installed yet fail to import (a torch or
+    driver it does not support). auto then falls back to the next backend and says why; an explicit request
+    fails with the import error."""
+    backend, reason = choose_backend(requested, cuda_available, installed)
+    if backend != "unsloth":
+        return backend, reason
+    try:
+        import unsloth  # noqa: F401  (patches transformers, peft and trl: must come before trl's import)
+    except Exception as error:  # whatever Unsloth raises on import, the backend is unusable here
+        failure = f"import unsloth failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+        if requested != "auto":
+            raise PolicyBackendError(f"policy.backend unsloth: {failure}; use auto, peft-4bit or peft") from error
+        backend, reason = choose_backend("auto", cuda_available, installed - {"unsloth"})
+        return backend, f"auto: {failure}; {reason.removeprefix('auto: ')}"
+    return backend, reason
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """Generation with dropout off; the training mode comes back afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 @dataclass
 class Policy:
     model: object
@@ -64,39 +111,117 @@ class Policy:
     reason: str
     dtype: object  # the compute dtype: decides TRL's bf16/fp16 mixed precision
     peft_config: object | None  # for TRL to wrap the model; None when the backend already added LoRA
+    gradient_checkpointing: bool = False  # for TRL's config on the peft paths (Unsloth applies its own)
+    generation_mode: Callable = eval_mode  # generation_mode(model): the context rollouts are generated in
 
 
 def load_policy(model_dir: str, recipe: Recipe) -> Policy:
     """Load ``model_dir`` (a local directory or hub id) with the backend the recipe and the hardware allow."""
     import torch
 
-    backend, reason = choose_backend(recipe.policy.backend, torch.cuda.is_available(), installed_backends())
+    from seal_lite.generation import stop_ids
+
+    backend, reason = resolve_backend(recipe.policy.backend, torch.cuda.is_available(), installed_backends())
     checkpointing = recipe.policy.gradient_checkpointing
     if checkpointing is None:
         checkpointing = torch.cuda.is_available()
-    dtype = pick_dtype(recipe.policy.dtype, torch.cuda.is_available())
+    dtype, _ = pick_dtype(recipe.policy.dtype, torch.cuda.is_available())
     if backend == "unsloth":
         model, tokenizer = _load_unsloth(model_dir, recipe, checkpointing)
-        dtype, peft_config = model.dtype, None
+        policy = Policy(model, tokenizer, backend, reason, model.dtype, None, False, _unsloth_generation_mode)
     else:
         model, tokenizer = _load_transformers(model_dir, dtype, quantized=backend == "peft-4bit")
-        if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.enable_input_require_grads()  # LoRA-only training: checkpointed inputs must carry grad
-        peft_config = lora_config(recipe)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return Policy(model, tokenizer, backend, reason, dtype, peft_config)
+        policy = Policy(model, tokenizer, backend, reason, dtype, lora_config(recipe), checkpointing, eval_mode)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.generation_config = sampling_free(base.generation_config)
+    set_pad_token(tokenizer, base, stop_ids(tokenizer, base))
+    return policy
 
 
-def pick_dtype(name: str, cuda_available: bool = False):
+def sampling_free(generation_config):
+    """The checkpoint's generation config without its sampling defaults: only token ids and lengths stay.
+
+    transformers 5 fills every generate() argument left unset from the model's generation config, so Qwen's
+    repetition_penalty 1.05 (and its top_k 20, top_p 0.8) would shape every rollout: the sampled tokens would
+    not come from the distribution the GRPO loss scores them with (softmax(logits / T))."""
+    from transformers import GenerationConfig
+
+    kept = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "max_length")
+    return GenerationConfig(**{name: getattr(generation_config, name) for name in kept
+                               if getattr(generation_config, name, None) is not None})
+
+
+def set_pad_token(tokenizer, model, stops: set[int]) -> None:
+    """Pad with a token the model never ends a turn with. Unsloth rebuilds attention masks from the pad id, so
+    a pad token that is also a stop token the model emits (Qwen's ``<|endoftext|>``) would hide real tokens.
+
+    Order: the tokenizer's own pad token if it is not a stop token; else a special token named like a pad
+    (Qwen's ``<|fim_pad|>``); else any other special token that is not a stop token and not in the chat template;
+    else, for a tokenizer without a spare special token, the old pad or eos, which the peft paths tolerate:
+    they build every mask from lengths."""
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id not in stops:
+        return
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    candidates = [token.content for index, token in sorted(tokenizer.added_tokens_decoder.items())
+                  if token.special and index not in stops and token.content not in template]
+    named = [token for token in candidates if "pad" in token.lower()]
+    tokenizer.pad_token = (named or candidates or [tokenizer.pad_token or tokenizer.eos_token])[0]
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+
+
+@contextlib.contextmanager
+def _unsloth_generation_mode(model):
+    """Unsloth's own switches: for_inference turns on its fast generation path (eval() leaves its training
+    kernels and checkpointing on); for_training restores them for the update."""
+    from unsloth import FastLanguageModel
+
+    was_training = model.training
+    FastLanguageModel.for_inference(model)
+    try:
+        yield
+    finally:
+        if was_training:
+            FastLanguageModel.for_training(model)
+
+
+# CPU flags (Linux /proc/cpuinfo) under which torch computes bf16 matmuls natively (oneDNN); elsewhere bf16 is
+# emulated: on an AVX2 EPYC SmolLM2's forward took 14.3 s in bf16 against 2.9 s in fp32 (issue 15).
+NATIVE_BF16_FLAGS = {"avx512_bf16": "AVX512_BF16", "amx_bf16": "AMX"}
+
+
+def cpu_native_bf16(cpuinfo: str | None = None) -> tuple[bool, str]:
+    """(native, reason): whether this CPU computes bf16 natively, from the flags in ``cpuinfo`` (default: read
+    /proc/cpuinfo)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False, "the CPU's flags are unknown here (no /proc/cpuinfo)"
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    found = [name for flag, name in NATIVE_BF16_FLAGS.items() if flag in flags]
+    if found:
+        return True, f"the CPU has {' and '.join(found)}"
+    return False, "the CPU has neither AVX512_BF16 nor AMX: bf16 would be emulated, several times slower than fp32"
+
+
+def pick_dtype(name: str, cuda_available: bool = False, cpuinfo: str | None = None):
+    """(dtype, reason) for ``policy.dtype``."""
     import torch
 
     if name == "float32":
-        return torch.float32
-    if name == "auto" and cuda_available and not torch.cuda.is_bf16_supported(including_emulation=False):
-        return torch.float16  # a T4 has no bf16
-    return torch.bfloat16  # ~1.7x faster than float32 on CPU, native on recent GPUs
+        return torch.float32, "requested in the recipe"
+    if name == "bfloat16":
+        return torch.bfloat16, "requested in the recipe"
+    if cuda_available:
+        if not torch.cuda.is_bf16_supported(including_emulation=False):
+            return torch.float16, "auto: the GPU has no native bf16 (before Ampere, e.g. a T4)"
+        return torch.bfloat16, "auto: the GPU computes bf16 natively"
+    native, why = cpu_native_bf16(cpuinfo)
+    return (torch.bfloat16 if native else torch.float32), f"auto: {why}"
 
 
 def lora_config(recipe: Recipe):
@@ -120,16 +245,39 @@ def _load_transformers(model_dir: str, dtype, quantized: bool):
     transformers_logging.disable_progress_bar()
     # clean-up of tokenization spaces corrupts BPE text (and warns); decode exactly what was generated
     tokenizer = AutoTokenizer.from_pretrained(model_dir, clean_up_tokenization_spaces=False)
+    device_map = {"": 0} if torch.cuda.is_available() else {"": "cpu"}
     if not quantized:
-        device_map = {"": 0} if torch.cuda.is_available() else None
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map=device_map), tokenizer
-    from peft import prepare_model_for_kbit_training
-
+    # Not peft's prepare_model_for_kbit_training: it upcasts every non-4-bit weight (embeddings, LM head, norms)
+    # to fp32, about 2 GB more on 7B, and the LoRA never trains them. Freezing and input gradients for
+    # checkpointing are done by peft and TRL.
     quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                       bnb_4bit_compute_dtype=dtype)
     model = AutoModelForCausalLM.from_pretrained(model_dir, quantization_config=quantization, dtype=dtype,
-                                                 device_map={"": 0})
-    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False), tokenizer
+                                                 device_map=device_map)
+    return model, tokenizer
+
+
+def keep_trainable_fp32(model) -> int:
+    """Cast every trainable parameter back to fp32; returns how many were not. trl 1.14.2 casts them to bf16 for
+    4-bit models (GRPOTrainer.__init__, "When using QLoRA"): at lr 2e-5 most LoRA updates then round away (257
+    of 8192 lora_A entries moved in two updates, against all in fp32), and fp16's GradScaler refuses to unscale
+    fp16 gradients. The optimizer is created later, in train(), so it sees the fp32 tensors."""
+    import torch
+
+    cast = 0
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.float()
+            cast += 1
+    return cast
+
+
+def count_linear4bit(model) -> int:
+    """Layers that compute with bitsandbytes NF4 weights (0 for a model that is not 4-bit)."""
+    # bitsandbytes' class only: peft's LoRA wrapper around each of them is called Linear4bit too
+    return sum(type(module).__name__ == "Linear4bit" and type(module).__module__.startswith("bitsandbytes")
+               for module in model.modules())
 
 
 def _load_unsloth(model_dir: str, recipe: Recipe, checkpointing: bool):
