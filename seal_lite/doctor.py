@@ -352,9 +352,11 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
 
 
 def _tool_results_inside(messages: list[dict]) -> int:
-    """Tool messages that a later model message follows (the completion ends with the last model message)."""
+    """Tool results that a later model message follows (the completion ends with the last model message). They
+    come back as user messages of <tool_response> blocks, as on the official surface."""
     last = max((index for index, message in enumerate(messages) if message["role"] == "assistant"), default=-1)
-    return sum(message["role"] == "tool" for message in messages[:last])
+    return sum(message["role"] == "user" and message["content"].startswith("<tool_response>")
+               for message in messages[:last])
 
 
 class _RecordingGenerator:
