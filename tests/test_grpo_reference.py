@@ -58,6 +58,7 @@ class Case:
 
     def __init__(self, root, model_dir: str, loss_type: str, weighting: bool, temperature: float = 1.0):
         self.recipe = load_recipe(None, {
+            "interface.tool_format": "signatures",  # short prompts: these test the update
             "data.task_ids": [TASK_ID], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.loss_type": loss_type,
             "grpo.beta": BETA, "grpo.epsilon": EPSILON, "grpo.diagnosis_weighting": weighting,
             "rollout.num_generations": G, "rollout.max_turns": 2, "rollout.max_calls_per_turn": 1,

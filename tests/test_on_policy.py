@@ -23,8 +23,9 @@ def test_sampled_tokens_have_the_trained_models_log_probs(tmp_path, smol_dir, mo
     config = json.loads(config_path.read_text()) if config_path.exists() else {}
     config_path.write_text(json.dumps(config | QWEN_SAMPLING))
 
-    recipe = load_recipe(None, {"policy.dtype": "float32", "rollout.temperature": TEMPERATURE,
-                                "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1})
+    recipe = load_recipe(None, {"interface.tool_format": "signatures", "policy.dtype": "float32",
+                                "rollout.temperature": TEMPERATURE, "data.task_ids": ["multi_turn_base_0"],
+                                "grpo.tasks_per_step": 1})
     policy = load_policy(str(model_dir), recipe)
     trainer = grpo.build_trainer(policy, recipe, ["multi_turn_base_0"], lambda prompts: None, str(tmp_path / "trl"))
     generator = TransformersGenerator(trainer.model, policy.tokenizer, policy.generation_mode)

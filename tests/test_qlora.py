@@ -18,6 +18,7 @@ def _two_updates(tmp_path, model_dir, keep_fp32: bool):
     """One SEAL step in two mini-batches (one passing, one failing trajectory): two optimizer steps at lr 2e-5
     on a bf16-compute NF4 policy. Returns the trainer, the LoRA weights before, and the policy."""
     recipe = load_recipe(None, {
+        "interface.tool_format": "signatures",  # short prompts: these test the update
         "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.mini_batches": 2,
         "grpo.beta": 0.0, "grpo.learning_rate": 2e-5, "rollout.num_generations": 2, "rollout.max_turns": 1,
         "policy.backend": "peft-4bit", "policy.dtype": "bfloat16", "diagnoser.mode": "off",

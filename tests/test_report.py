@@ -22,6 +22,7 @@ def reported_run(tmp_path_factory, tiny_model_dir, smol_tokenizer):
     """Two real SEAL steps (tiny random policy), plus stored evaluations of two models, then the report."""
     run_dir = tmp_path_factory.mktemp("run")
     recipe = load_recipe(None, {
+        "interface.tool_format": "signatures",  # short prompts: these test the update
         "policy.model": tiny_model_dir, "policy.dtype": "float32", "diagnoser.mode": "off",
         "data.task_ids": ["multi_turn_base_0", "multi_turn_base_1"], "grpo.tasks_per_step": 1, "grpo.steps": 2,
         "rollout.num_generations": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 8,

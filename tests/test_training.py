@@ -16,6 +16,7 @@ from seal_lite.training.policy import load_policy
 
 def test_weighted_grpo_step_updates_lora_on_model_tokens_only(tmp_path, tiny_model_dir, monkeypatch):
     recipe = load_recipe(None, {
+        "interface.tool_format": "signatures",  # short prompts: these test the update
         "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1,
         "grpo.learning_rate": 1e-2, "rollout.num_generations": 2, "rollout.max_turns": 1, "policy.dtype": "float32",
     })
@@ -66,6 +67,7 @@ def test_weighted_grpo_step_updates_lora_on_model_tokens_only(tmp_path, tiny_mod
 def test_equal_rewards_leave_lora_unchanged(tmp_path, tiny_model_dir):
     """A group whose members all fail has A = 0, so the weighted update is exactly zero (beta = 0)."""
     recipe = load_recipe(None, {
+        "interface.tool_format": "signatures",  # short prompts: these test the update
         "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.beta": 0.0,
         "grpo.learning_rate": 1e-2, "rollout.num_generations": 2, "rollout.max_turns": 1, "policy.dtype": "float32",
     })
@@ -85,6 +87,7 @@ def test_mini_batches_and_ppo_epochs_map_onto_seal_steps(tmp_path, tiny_model_di
     from seal_lite.loop import run
 
     recipe = load_recipe(None, {
+        "interface.tool_format": "signatures",  # short prompts: these test the update
         "policy.model": tiny_model_dir, "policy.dtype": "float32", "diagnoser.mode": "off",
         "data.task_ids": ["multi_turn_base_0", "multi_turn_base_1"], "grpo.tasks_per_step": 1, "grpo.steps": 2,
         "grpo.mini_batches": 2, "grpo.num_iterations": 2, "rollout.num_generations": 2, "rollout.max_turns": 1,
@@ -112,6 +115,7 @@ def test_tokens_the_two_engines_disagree_on_carry_no_loss(tmp_path, tiny_model_d
             return out
 
     recipe = load_recipe(None, {
+        "interface.tool_format": "signatures",  # short prompts: these test the update
         "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.beta": 0.0,
         "grpo.learning_rate": 1e-2, "rollout.num_generations": 2, "rollout.max_turns": 1, "policy.dtype": "float32",
         "rollout.max_logprob_gap": max_gap,
@@ -134,6 +138,7 @@ def _two_step_lora(tmp_path, tiny_model_dir, beta: float, signal_first: bool, sk
     """Two steps, one with a learning signal (one episode passes) and one without (both fail). Returns the final
     LoRA weights, the number of model forward passes in each step, and the stored skip flags."""
     recipe = load_recipe(None, {
+        "interface.tool_format": "signatures",  # short prompts: these test the update
         "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 2, "grpo.beta": beta,
         "grpo.learning_rate": 1e-2, "rollout.num_generations": 2, "rollout.max_turns": 1, "policy.dtype": "float32",
     })
@@ -180,6 +185,7 @@ def _train_recording(tmp_path, model_dir, loss_type: str, micro: int):
     from transformers import TrainerCallback
 
     recipe = load_recipe(None, {
+        "interface.tool_format": "signatures",  # short prompts: these test the update
         "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.mini_batches": 2,
         "grpo.num_iterations": 2, "grpo.micro_batch_size": micro, "grpo.loss_type": loss_type, "grpo.beta": 0.04,
         "grpo.learning_rate": 1e-2, "rollout.num_generations": 4, "rollout.max_turns": 2,
