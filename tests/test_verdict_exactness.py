@@ -95,7 +95,7 @@ def test_the_same_calls_sent_as_tool_call_blocks_score_alike_under_the_strict_pa
             continue  # BFCL's python form with positional values has no JSON equivalent
         messages = ["\n".join("<tool_call>" + json.dumps({"name": c.name, "arguments": c.arguments}) + "</tool_call>"
                               for c in calls) for calls in parsed]
-        diagnosis = diagnose_episode(task, replay_calls(task, [[m] if m else [] for m in messages], "strict"))
+        diagnosis = diagnose_episode(task, replay_calls(task, [[[m]] if m else [] for m in messages], "strict"))
         admitted = []
         for index, calls in enumerate(mutant.turns):
             visible = {doc["name"] for doc in task.visible_functions(index)}
