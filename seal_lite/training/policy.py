@@ -172,7 +172,7 @@ def set_pad_token(tokenizer, model, stops: set[int]) -> None:
 
 @contextlib.contextmanager
 def _unsloth_generation_mode(model):
-    """Unsloth's own switches: for_inference turns on its fast generation path (eval() leaves its training
+    """Unsloth's own switches: for_inference turns on its fast generation path (model.eval() leaves its training
     kernels and checkpointing on); for_training restores them for the update."""
     from unsloth import FastLanguageModel
 
