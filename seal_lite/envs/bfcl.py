@@ -113,7 +113,7 @@ def _category_entries(category: str) -> dict[str, Task]:
         functions = [doc for cls in entry["involved_classes"] for doc in _class_docs(cls)]
         revealed = {}  # as bfcl-eval's populate_test_cases_with_predefined_functions moves them, in name order
         for turn, names in entry.get("missed_function", {}).items():
-            revealed[int(turn)] = [doc for name in names for doc in functions if doc["name"] == name][:len(names)]
+            revealed[int(turn)] = [next(doc for doc in functions if doc["name"] == name) for name in names]
             functions = [doc for doc in functions if doc["name"] not in names]
         tasks[entry["id"]] = Task(
             id=entry["id"],
@@ -197,7 +197,7 @@ class Environment:
         parsed = parse_calls(model_text, parser)
         outcomes = [CallOutcome(None, f"{INVALID_FORMAT} {error}", "parse_error") for error in parsed.errors]
         visible = {doc["name"] for doc in self.task.visible_functions(turn_index)}
-        hidden = [call for call in parsed.calls if call.name not in visible or call.name not in self._methods]
+        hidden = [call for call in parsed.calls if not self._available(call.name, visible)]
         if parser == "strict" and hidden:
             message = _not_available(hidden[0].name)
             return [CallOutcome(call, message, "unknown_tool" if call in hidden else "rejected")
@@ -206,8 +206,11 @@ class Environment:
             outcomes.append(self.execute(call, visible))
         return outcomes
 
+    def _available(self, name: str, visible: set[str]) -> bool:
+        return name in visible and name in self._methods
+
     def execute(self, call: ToolCall, visible: set[str]) -> CallOutcome:
-        if call.name not in visible or call.name not in self._methods:
+        if not self._available(call.name, visible):
             return CallOutcome(call, _not_available(call.name), "unknown_tool")
         method = self._methods[call.name]
         try:  # bind first, so positional values get their parameter names in the canonical call
