@@ -1,6 +1,9 @@
 """The multi-turn episode driver: prompts, tool execution, token bookkeeping and loss masks.
 
-``rollout_group`` plays G episodes of one task in lockstep so every model call is one batched generation.
+``rollout_groups`` plays G episodes of each of several tasks in lockstep, so every round of model calls is one
+batched generation (at most ``rollout.generation_batch_size`` sequences per call). A generator whose batches may
+mix tasks (``batches_tasks``: transformers) gets a whole step's tasks x G at once; llama.cpp, which keeps one
+context per sequence and shares a group's prompt between them, gets one task's group at a time.
 Each episode keeps the exact token ids the policy saw, with ``env_mask`` = 1 on tokens the policy generated
 and 0 on everything the environment wrote (system prompt, user turns, tool results, chat-template glue):
 only model tokens carry loss.
@@ -34,6 +37,7 @@ class Generator(Protocol):
     ``sampled_logprobs``: the log-probability of each returned token under that engine."""
 
     tokenizer: object
+    batches_tasks: bool  # optional (default False): one call may mix the sequences of several tasks
 
     def generate(self, batch: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]: ...
 
@@ -110,6 +114,8 @@ class TokenConversation:
 
 @dataclass
 class _Episode:
+    task: Task
+    interface: TrainingInterface
     index: int
     env: Environment
     conversation: TokenConversation
@@ -137,31 +143,54 @@ def rollout_group(
     interface: TrainingInterface,
 ) -> list[Trajectory]:
     """Play ``group_size`` episodes of ``task`` against fresh BFCL environments, batching model calls."""
-    messages = opening_messages(task, interface)
-    episodes = [_Episode(index, Environment(task), TokenConversation(generator.tokenizer, messages),
-                         [TurnRecord(messages[1]["content"])])
-                for index in range(group_size)]
+    return rollout_groups([(task, interface)], group_size, generator, rollout)[0]
+
+
+def rollout_groups(
+    tasks: list[tuple[Task, TrainingInterface]],
+    group_size: int,
+    generator: Generator,
+    rollout: RolloutConfig,
+) -> list[list[Trajectory]]:
+    """Play ``group_size`` episodes of each (task, interface) in lockstep; one group of trajectories per task.
+    Generators that cannot mix tasks in a batch play the groups one after another."""
+    if len(tasks) > 1 and not getattr(generator, "batches_tasks", False):
+        return [group for pair in tasks for group in rollout_groups([pair], group_size, generator, rollout)]
+    episodes = []
+    for task, interface in tasks:
+        messages = opening_messages(task, interface)
+        episodes += [_Episode(task, interface, index, Environment(task),
+                              TokenConversation(generator.tokenizer, messages), [TurnRecord(messages[1]["content"])])
+                     for index in range(group_size)]
     for episode in episodes:  # a prompt that leaves no room for one message ends the episode before it starts
         if len(episode.conversation.ids) + rollout.max_new_tokens > rollout.max_context_tokens:
             episode.stop_reason = "context"
+    chunk = rollout.generation_batch_size or len(episodes)
     while active := [e for e in episodes if e.stop_reason is None]:
-        max_new_tokens = rollout.max_new_tokens
-        if rollout.max_response_tokens is not None:  # checked after each message; a call never starts past it
-            max_new_tokens = min(max_new_tokens, max(rollout.max_response_tokens - e.response_tokens() for e in active))
-        with profile.phase("generate"):
-            new_ids = generator.generate([e.conversation.ids for e in active], max_new_tokens, rollout.temperature)
-        logprobs = getattr(generator, "sampled_logprobs", None) or [None] * len(active)
-        for episode, ids, token_logprobs in zip(active, new_ids, logprobs, strict=True):
-            _advance(episode, ids, token_logprobs, task, rollout, interface)
+        for start in range(0, len(active), chunk):
+            _generate_round(active[start : start + chunk], generator, rollout)
     sampled = getattr(generator, "sampled_logprobs", None) is not None
-    return [_trajectory(task, e, sampled) for e in episodes]
+    trajectories = [_trajectory(e, sampled) for e in episodes]
+    return [trajectories[start : start + group_size] for start in range(0, len(trajectories), group_size)]
 
 
-def _trajectory(task: Task, e: _Episode, sampled: bool) -> Trajectory:
+def _generate_round(active: list[_Episode], generator: Generator, rollout: RolloutConfig) -> None:
+    """One model message for each active episode, in one batched generation."""
+    max_new_tokens = rollout.max_new_tokens
+    if rollout.max_response_tokens is not None:  # checked after each message; a call never starts past it
+        max_new_tokens = min(max_new_tokens, max(rollout.max_response_tokens - e.response_tokens() for e in active))
+    with profile.phase("generate"):
+        new_ids = generator.generate([e.conversation.ids for e in active], max_new_tokens, rollout.temperature)
+    logprobs = getattr(generator, "sampled_logprobs", None) or [None] * len(active)
+    for episode, ids, token_logprobs in zip(active, new_ids, logprobs, strict=True):
+        _advance(episode, ids, token_logprobs, rollout)
+
+
+def _trajectory(e: _Episode, sampled: bool) -> Trajectory:
     completion_ids, env_mask = e.conversation.completion()
     start = e.conversation.prompt_length
     return Trajectory(
-        task_id=task.id,
+        task_id=e.task.id,
         group_index=e.index,
         prompt_ids=e.conversation.ids[: e.conversation.prompt_length],
         completion_ids=completion_ids,
@@ -202,9 +231,9 @@ def user_text(task: Task, turn: int, interface: TrainingInterface) -> str:
     return task.user_message(turn)
 
 
-def _advance(e: _Episode, ids: list[int], logprobs: list[float] | None, task: Task, rollout: RolloutConfig,
-             interface: TrainingInterface):
+def _advance(e: _Episode, ids: list[int], logprobs: list[float] | None, rollout: RolloutConfig):
     """Apply one model message to an episode: execute its calls, then continue the turn or open the next."""
+    task, interface = e.task, e.interface
     content = e.conversation.add_model_tokens(ids, logprobs)
     e.model_calls += 1
     e.calls_in_turn += 1

@@ -84,7 +84,7 @@ def run(recipe, out, overrides, overwrite):
       seal-lite run recipes/quickstart.yaml --set grpo.steps=1 --out runs/try
     """
     config = _load(recipe, overrides)
-    from seal_lite.loop import RunMismatchError, run_status
+    from seal_lite.loop import RunMismatchError, ScreenError, run_status
 
     out_dir = Path(out) if out else config.out_dir() if overwrite else _free_out_dir(config.out_dir())
     status = run_status(out_dir)
@@ -106,9 +106,47 @@ def run(recipe, out, overrides, overwrite):
     try:
         with RichProgress(config.grpo.steps) as progress:
             summary = run_loop(config, out_dir, progress)
-    except (RunMismatchError, ModelSourceError, PolicyBackendError) as error:
+    except (RunMismatchError, ModelSourceError, PolicyBackendError, ScreenError) as error:
         raise click.ClickException(str(error)) from None
     print_summary(summary)
+
+
+@main.command()
+@click.argument("recipe", required=False)
+@click.option("--out", type=click.Path(file_okay=False), help="Run directory (default: runs/<name>).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a recipe field (repeatable).")
+@click.option("--samples", type=click.IntRange(min=2), help="Samples per task (default: data.screen, else 4).")
+def screen(recipe, out, overrides, samples):
+    """Screen a recipe's task slice: which tasks the base policy solves sometimes, but not always.
+
+    Plays SAMPLES trajectories of every task of the slice, as training would, and prints each task's passes; the
+    tasks strictly between 0 and all are the frontier, the only ones that give GRPO a learning signal. The results
+    go to RUN_DIR/seal.db (table screen), where `seal-lite run` with `data.screen` set reuses them; an interrupted
+    screen goes on where it stopped.
+
+    \b
+    Examples:
+      seal-lite screen recipes/cpu-learn.yaml
+      seal-lite screen recipes/cpu-qwen0.5b.yaml --samples 4 --set data.num_tasks=20
+    """
+    config = _load(recipe, overrides + ((f"data.screen={samples}",) if samples else ()))
+    if config.data.screen is None:
+        config = _load(recipe, overrides + ("data.screen=4",))
+    from seal_lite.console import RichProgress, print_screen
+    from seal_lite.loop import screen_slice, select_task_ids, slice_tasks
+    from seal_lite.models import ModelSourceError, resolve_model
+    from seal_lite.store import Store
+    from seal_lite.training.policy import PolicyBackendError, load_policy
+
+    out_dir = Path(out) if out else config.out_dir()
+    tasks = slice_tasks(config, select_task_ids(config))
+    try:
+        policy = load_policy(resolve_model(config.policy.model), config)
+    except (ModelSourceError, PolicyBackendError) as error:
+        raise click.ClickException(str(error)) from None
+    with RichProgress(0) as progress:
+        pass_rates = screen_slice(config, Store(out_dir / "seal.db"), tasks, policy, out_dir, progress)
+    print_screen(pass_rates, config.data.screen)
 
 
 @main.command()
@@ -234,7 +272,7 @@ def evaluate_command(target, split, per_category, base, steps, overrides, json_f
     import json
     import tempfile
 
-    from seal_lite.console import print_evaluation
+    from seal_lite.console import EvalProgress, print_evaluation
     from seal_lite.envs.bfcl import load_tasks
     from seal_lite.evaluate import evaluate, evaluation_engine, result_rows, summarize, view_label
     from seal_lite.interface import NOT_BFCL_VIEW
@@ -262,8 +300,10 @@ def evaluate_command(target, split, per_category, base, steps, overrides, json_f
     for label, adapter in models:
         label = view_label(label, view)
         click.echo(f"evaluating {label} on {len(tasks)} tasks ...", err=True)
-        with tempfile.TemporaryDirectory() as work, evaluation_engine(config, adapter, Path(work)) as generator:
-            results = evaluate(tasks, generator, config.rollout, view)
+        with (tempfile.TemporaryDirectory() as work, evaluation_engine(config, adapter, Path(work)) as generator,
+              EvalProgress(label, len(tasks)) as progress):
+            rollout = config.rollout.model_copy(update={"generation_batch_size": config.generation_batch()})
+            results = evaluate(tasks, generator, rollout, view, on_result=progress)
         summaries[label] = summarize(results)
         everything[label] = [vars(result) for result in results]
         if store is not None:

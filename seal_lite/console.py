@@ -9,6 +9,7 @@ from rich.table import Table
 from seal_lite.diagnosis.labels import SUCCESS_LABELS
 
 console = Console()
+progress_console = Console(stderr=True)  # evaluation progress: stdout keeps only the results table
 
 
 def print_recipe(recipe, out_dir) -> None:
@@ -30,7 +31,7 @@ class RichProgress:
             TextColumn("{task.fields[status]}"), console=console,
             disable=not console.is_terminal,  # logs and notebooks get the one-line-per-step text instead
         )
-        self.bar = None
+        self.bar = self.screen_bar = None
 
     def __enter__(self):
         self.bars.__enter__()
@@ -38,6 +39,17 @@ class RichProgress:
 
     def __exit__(self, *exc):
         return self.bars.__exit__(*exc)
+
+    def task_screened(self, task_id: str, passes: int, samples: int) -> None:
+        if self.screen_bar is None:
+            self.screen_bar = self.bars.add_task("screen (frontier tasks)", total=None, status="")
+            self.screened = self.kept = 0
+        self.screened += 1
+        self.kept += 0 < passes < samples
+        status = f"{self.kept} of {self.screened} kept; {task_id}: {passes}/{samples} passed"
+        self.bars.update(self.screen_bar, advance=1, status=status)
+        if not console.is_terminal:
+            console.print(f"screen: {status}", highlight=False)
 
     def run_started(self, resumed_after: int, setup: str) -> None:
         if resumed_after:
@@ -65,6 +77,45 @@ class RichProgress:
             no_signal = metrics.get("grpo/advantage_abs_mean") == 0
             update = "no learning signal (each group's rewards are equal)" if no_signal else "policy update follows"
             console.print(f"step {step}/{self.total_steps}: {status}; {update}")
+
+
+class EvalProgress:
+    """A bar over the held-out tasks with the running pass count; outside a terminal, one line per task."""
+
+    def __init__(self, label: str, total: int):
+        self.label, self.total, self.done, self.passed = label, total, 0, 0
+        self.bars = Progress(TextColumn(f"eval {label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                             TextColumn("{task.fields[status]}"), console=progress_console,
+                             disable=not progress_console.is_terminal)
+        self.bar = self.bars.add_task("", total=total, status="")
+
+    def __enter__(self):
+        self.bars.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bars.__exit__(*exc)
+
+    def __call__(self, result) -> None:
+        self.done += 1
+        self.passed += result.valid
+        outcome = "pass" if result.valid else "fail"
+        status = f"{self.passed} passed; {result.task_id}: {outcome} ({result.turns_passed}/{result.turns} turns)"
+        self.bars.update(self.bar, advance=1, status=status)
+        if not progress_console.is_terminal:
+            progress_console.print(f"  {self.done}/{self.total} {status}", highlight=False)
+
+
+def print_screen(pass_rates: dict[str, float], samples: int) -> None:
+    """The screen's result: each task's passes, frontier tasks marked, and how many a run would keep."""
+    table = Table(title=f"frontier screen ({samples} samples per task)")
+    for column in ("task", "passed", "frontier"):
+        table.add_column(column)
+    for task_id, rate in sorted(pass_rates.items(), key=lambda item: -item[1]):
+        table.add_row(task_id, f"{round(rate * samples)}/{samples}", "yes" if 0 < rate < 1 else "")
+    console.print(table)
+    kept = sum(0 < rate < 1 for rate in pass_rates.values())
+    console.print(f"{kept} of {len(pass_rates)} tasks on the frontier (passed sometimes, not always)")
 
 
 def print_summary(summary) -> None:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from seal_lite.agent import Generator, rollout_group
+from seal_lite.agent import Generator, rollout_groups
 from seal_lite.diagnosis.labels import SUCCESS_LABELS
 from seal_lite.diagnosis.verifier import diagnose_episode
 from seal_lite.envs.bfcl import CATEGORIES, Task
@@ -55,17 +56,23 @@ def view_label(model_label: str, view: str) -> str:
     return model_label if view == "official" else f"{model_label} [{view} view: {NOT_BFCL_VIEW}]"
 
 
-def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, view: str = "official") -> list[TaskResult]:
-    """Play every task once with greedy decoding under the plain interface; score it like BFCL does."""
+def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, view: str = "official",
+             on_result: Callable[[TaskResult], None] = lambda result: None) -> list[TaskResult]:
+    """Play every task once with greedy decoding under the plain interface; score it like BFCL does.
+    ``on_result`` sees each task's result as soon as its batch is done (one task at a time on llama.cpp)."""
     greedy = evaluation_rollout(rollout)
     interface = evaluation_interface(view)
+    batch = (greedy.generation_batch_size or len(tasks)) if getattr(generator, "batches_tasks", False) else 1
     results = []
-    for task in tasks:
-        [trajectory] = rollout_group(task, 1, generator, greedy, interface)
-        diagnosis = diagnose_episode(task, trajectory.turns)
-        passed = sum(label in SUCCESS_LABELS for label in diagnosis.labels)
-        results.append(TaskResult(task.id, task.category, diagnosis.valid, passed, len(diagnosis.labels),
-                                   diagnosis.labels))
+    for start in range(0, len(tasks), batch):
+        chunk = tasks[start : start + batch]
+        groups = rollout_groups([(task, interface) for task in chunk], 1, generator, greedy)
+        for task, [trajectory] in zip(chunk, groups, strict=True):
+            diagnosis = diagnose_episode(task, trajectory.turns)
+            passed = sum(label in SUCCESS_LABELS for label in diagnosis.labels)
+            results.append(TaskResult(task.id, task.category, diagnosis.valid, passed, len(diagnosis.labels),
+                                      diagnosis.labels))
+            on_result(results[-1])
     return results
 
 

@@ -19,7 +19,9 @@ from seal_lite.training.policy import eval_mode
 
 class TransformersGenerator:
     """``mode(model)`` is the context generation runs in: the policy's ``generation_mode`` (Unsloth's
-    for_inference), by default eval mode (no dropout)."""
+    for_inference, whose patched ``generate`` is Unsloth's fast generation), by default eval mode (no dropout)."""
+
+    batches_tasks = True  # left-padded batches may mix tasks: a step's tasks x G trajectories go in one batch
 
     def __init__(self, model, tokenizer, mode: Callable = eval_mode):
         self.model = model

@@ -29,6 +29,12 @@ from pathlib import Path
 from seal_lite import profile
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (taskset, cgroup cpusets), not all of the machine's: llama.cpp's threads
+    wait for each other, so one thread more than there are cores slows every token several-fold."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class BackendError(RuntimeError):
     """The model did not answer: timed out, unreachable, or its server is gone."""
 
@@ -40,7 +46,7 @@ class InProcessModel:
     def __init__(self, model_path: str, n_ctx: int = 4096, n_threads: int | None = None, seed: int = 0):
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(), seed=seed, verbose=False)
+        self.llm = Llama(model_path, n_ctx=n_ctx, n_threads=n_threads or usable_cores(), seed=seed, verbose=False)
 
     def complete(self, messages: list[dict], schema: dict, max_tokens: int, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
@@ -78,12 +84,14 @@ class LlamaCppGenerator:
     place: llama-cpp-python would stop memory-mapping the model if the LoRA were given when loading it.
     """
 
+    batches_tasks = False  # a context per sequence: a batch holds one task's group, whose prompt is shared
+
     def __init__(self, model_path: str, tokenizer, n_ctx: int = 8192, n_threads: int | None = None, seed: int = 0,
                  lora_path: str | None = None):
         import numpy as np
 
         self.tokenizer, self.model_path, self.n_ctx = tokenizer, model_path, n_ctx
-        self.n_threads = n_threads or os.cpu_count()
+        self.n_threads = n_threads or usable_cores()
         self.rng = np.random.default_rng(seed)
         self.lora_path = lora_path
         self.contexts: list = []
@@ -269,7 +277,7 @@ class LocalServer:
     """``python -m llama_cpp.server`` for one GGUF, as a child process on 127.0.0.1 at a free port."""
 
     def __init__(self, model_path: str, n_ctx: int = 4096, n_threads: int | None = None, startup_timeout_s: float = 120):
-        self.model_path, self.n_ctx, self.n_threads = model_path, n_ctx, n_threads or os.cpu_count()
+        self.model_path, self.n_ctx, self.n_threads = model_path, n_ctx, n_threads or usable_cores()
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen | None = None
         self.port: int | None = None

@@ -9,9 +9,10 @@ Deviations from the paper, each on purpose:
   rate (recipe default 2e-5 instead of 1e-6).
 * On a CPU, rollouts by llama.cpp from the policy's GGUF plus its current LoRA (``rollout.backend``), with
   tokens the two engines disagree on filtered out of the loss; otherwise transformers ``generate`` on the
-  policy itself, batched over the G trajectories of a task.
+  policy itself, batched over all of a step's tasks x G trajectories.
 * All three interface components can be on (the paper's published runs kept only phi_schema, statically);
   phi_cap changes with the failure statistics, and every change is a new interface version in the store.
+* ``grpo.dynamic_sampling`` (off by default) replaces groups without a learning signal by other tasks' groups.
 * ``rollout.max_turns`` may cut tasks to their first turns (with their ground truth) to fit a CPU budget;
   the reward is then the official verdict on that shorter task.
 """
@@ -32,7 +33,7 @@ from typing import Protocol
 from filelock import FileLock, Timeout
 
 from seal_lite import profile
-from seal_lite.agent import Generator, Trajectory, rollout_group
+from seal_lite.agent import Generator, Trajectory, rollout_groups
 from seal_lite.diagnosis.diagnoser import Diagnoser, Explanation, StepReport, failed_turns
 from seal_lite.diagnosis.explainer import argument_values, redact_unseen_values
 from seal_lite.diagnosis.labels import EXCLUDED_LABELS
@@ -64,6 +65,7 @@ class RolloutBatch:
 
 
 class Progress(Protocol):
+    def task_screened(self, task_id: str, passes: int, samples: int) -> None: ...
     def run_started(self, resumed_after: int, setup: str) -> None: ...
     def step_started(self, step: int, num_tasks: int) -> None: ...
     def task_done(self, task_id: str, rewards: list[float]) -> None: ...
@@ -71,6 +73,7 @@ class Progress(Protocol):
 
 
 class NoProgress:
+    def task_screened(self, task_id, passes, samples): pass
     def run_started(self, resumed_after, setup): pass
     def step_started(self, step, num_tasks): pass
     def task_done(self, task_id, rewards): pass
@@ -92,6 +95,11 @@ def select_task_ids(recipe: Recipe) -> list[str]:
     ids = [task_id for task_id in ids if task_id.rsplit("_", 1)[0] + "_" in wanted]
     random.Random(recipe.seed).shuffle(ids)
     return ids[: recipe.data.num_tasks]
+
+
+def slice_tasks(recipe: Recipe, task_ids: list[str]) -> dict[str, Task]:
+    """The run's tasks by id, cut to ``rollout.max_turns``."""
+    return {task.id: task.truncated(recipe.rollout.max_turns) for task in load_tasks(task_ids)}
 
 
 @dataclass
@@ -161,7 +169,8 @@ class SealStep:
         started = time.time()
         self.step += 1
         G = self.recipe.rollout.num_generations
-        # 1. Sample tasks: TRL's sampler drew them and repeated each G times, in group order.
+        # 1. Sample tasks: TRL's sampler drew them and repeated each G times, in group order (dynamic sampling may
+        # swap some for others below).
         task_ids = prompts[::G]
         if prompts != [task_id for task_id in task_ids for _ in range(G)]:
             raise RuntimeError("expected each task repeated G times in a row, as trl 1.14.2 does; check the trl pin")
@@ -172,19 +181,12 @@ class SealStep:
         with profile.phase("sync"):
             self.sync_policy(self.step)
 
-        trajectories, diagnoses = [], []
-        for task_id in task_ids:
-            task = self.tasks[task_id]
-            # 2-3. Render the training interface and roll out G trajectories against fresh BFCL environments.
-            interface = interface_for_task(self.interface, task)
-            group = rollout_group(task, G, self.generator, self.recipe.rollout, interface)
-            for trajectory in group:
-                # 4. Verify: the official BFCL multi-turn verdict is the reward.
-                # 5. Diagnose every ground-truth turn from executable evidence.
-                trajectories.append(trajectory)
-                with profile.phase("verify"):
-                    diagnoses.append(diagnose_episode(task, trajectory.turns))
-            self.progress.task_done(task_id, [float(d.valid) for d in diagnoses[-G:]])
+        groups = self._roll_out(task_ids)
+        rolled_out = len(groups)
+        if self.recipe.grpo.dynamic_sampling:
+            groups, rolled_out = self._fill_with_signal(groups, task_ids)
+        trajectories = [trajectory for group in groups for trajectory, _ in group]
+        diagnoses = [diagnosis for group in groups for _, diagnosis in group]
         rewards = [1.0 if d.valid else 0.0 for d in diagnoses]
         # 5b. The local model explains new failures; its label counts only if the recipe makes it the authority.
         explained, report = self._explain(trajectories, diagnoses)
@@ -209,7 +211,7 @@ class SealStep:
         # 10, second half: evolve the training interface from C_t for the next step (stored with this step).
         new_version = self._evolve_interface(explained, diagnoses)
         metrics = self._record(trajectories, diagnoses, explained, report, labels, advantages, weights, final, started,
-                               new_version)
+                               new_version, rolled_out)
         if new_version:
             self.interface, self.version = new_version
         self.progress.step_finished(self.step, metrics)
@@ -222,6 +224,43 @@ class SealStep:
             sampled_logprobs=([t.sampled_logprobs for t in trajectories]
                               if all(t.sampled_logprobs is not None for t in trajectories) else None),
         )
+
+    def _roll_out(self, task_ids: list[str]) -> list[list[tuple[Trajectory, EpisodeDiagnosis]]]:
+        """Steps 2-5 for each task: one group of G (trajectory, diagnosis) pairs per task."""
+        G = self.recipe.rollout.num_generations
+        # 2-3. Render the training interface and roll out G trajectories per task against fresh BFCL environments:
+        # the whole step in one batched generation where the engine allows it (transformers), else task by task.
+        pairs = [(self.tasks[task_id], interface_for_task(self.interface, self.tasks[task_id])) for task_id in task_ids]
+        batches = [pairs] if getattr(self.generator, "batches_tasks", False) else [[pair] for pair in pairs]
+        groups = []
+        for batch in batches:
+            for trajectories in rollout_groups(batch, G, self.generator, self.recipe.rollout):
+                task = self.tasks[trajectories[0].task_id]
+                # 4. Verify: the official BFCL multi-turn verdict is the reward.
+                # 5. Diagnose every ground-truth turn from executable evidence.
+                with profile.phase("verify"):
+                    groups.append([(t, diagnose_episode(task, t.turns)) for t in trajectories])
+                self.progress.task_done(task.id, [float(d.valid) for _, d in groups[-1]])
+        return groups
+
+    def _fill_with_signal(self, groups, task_ids: list[str]):
+        """Dynamic sampling: replace groups whose rewards are all equal by groups of other tasks of the pool (in an
+        order fixed by seed and step) that have a signal, within ``grpo.dynamic_sampling`` extra groups. Replaced
+        groups are dropped, as in DAPO: they reach neither the store, the statistics nor the update."""
+        def has_signal(group) -> bool:
+            return len({d.valid for _, d in group}) > 1
+
+        spare = [task_id for task_id in sorted(self.tasks) if task_id not in task_ids]
+        random.Random(f"{self.recipe.seed}-{self.step}").shuffle(spare)
+        budget, rolled_out = self.recipe.grpo.dynamic_sampling, len(groups)
+        while budget and spare and (empty := [i for i, group in enumerate(groups) if not has_signal(group)]):
+            draw, spare = spare[: min(len(empty), budget)], spare[min(len(empty), budget) :]
+            budget -= len(draw)
+            rolled_out += len(draw)
+            for new in self._roll_out(draw):
+                if has_signal(new):
+                    groups[empty.pop(0)] = new
+        return groups, rolled_out
 
     def _evolve_interface(self, explained, diagnoses) -> tuple[TrainingInterface, int] | None:
         """phi_cap's lines for the next step; a new (interface, version) when they change, else None."""
@@ -279,8 +318,10 @@ class SealStep:
         return labels
 
     def _record(self, trajectories, diagnoses, explained, report, labels, advantages, weights, final, started,
-                new_version) -> dict:
+                new_version, rolled_out) -> dict:
         rewards = [1.0 if d.valid else 0.0 for d in diagnoses]
+        G = self.recipe.rollout.num_generations
+        groups = [rewards[start : start + G] for start in range(0, len(rewards), G)]
         turn_rows = [row for trajectory, diagnosis, answers in zip(trajectories, diagnoses, explained)
                      for row in _turn_rows(self.step, self.tasks[trajectory.task_id], trajectory, diagnosis, answers)]
         rows = []
@@ -310,6 +351,8 @@ class SealStep:
             "grpo/weight_min": min(weights),
             "grpo/weight_max": max(weights),
             "grpo/advantage_abs_mean": sum(abs(a) for a in final) / len(final),
+            "grpo/groups_with_signal": sum(len(set(group)) > 1 for group in groups) / len(groups),
+            "sampling/groups_rolled_out": rolled_out,
             "interface/version": self.version,
             "interface/guidelines": len(self.interface.guidelines),
             "time/rollout_s": time.time() - started,
@@ -450,6 +493,34 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
         generator.close()
 
 
+class ScreenError(ValueError):
+    """The frontier screen left fewer tasks than a step needs."""
+
+
+def screen_slice(recipe: Recipe, store: Store, tasks: dict[str, Task], policy, out_dir: Path,
+                 progress: Progress = NoProgress()) -> dict[str, float]:
+    """Pass rate per task of the run's slice under the base policy (``data.screen`` samples each); tasks already
+    in the store's screen table are not played again."""
+    from seal_lite.screen import screen_tasks
+
+    with rollout_engine(recipe, policy.model, policy.tokenizer, out_dir, policy.generation_mode) as (generator, _):
+        return screen_tasks(list(tasks.values()), generator, recipe, store, progress.task_screened)
+
+
+def frontier_task_ids(recipe: Recipe, pass_rates: dict[str, float]) -> list[str]:
+    """The screened tasks training draws from; a ScreenError, with the fix, if they cannot fill a step."""
+    from seal_lite.screen import frontier
+
+    kept = frontier(pass_rates)
+    if len(kept) < recipe.grpo.tasks_per_step:
+        solved = sum(rate == 1.0 for rate in pass_rates.values())
+        raise ScreenError(
+            f"the screen kept {len(kept)} of {len(pass_rates)} tasks ({solved} always solved, "
+            f"{len(pass_rates) - len(kept) - solved} never), fewer than grpo.tasks_per_step "
+            f"({recipe.grpo.tasks_per_step}); raise data.num_tasks or data.screen, or lower grpo.tasks_per_step")
+    return kept
+
+
 class RunMismatchError(ValueError):
     """An existing run directory holds a run of another recipe; resuming it would mix two experiments."""
 
@@ -528,12 +599,15 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
         store.start_run(recipe.name, recipe.model_dump(), recipe.policy.model)
     try:
         task_ids = select_task_ids(recipe)
-        tasks = {task.id: task.truncated(recipe.rollout.max_turns) for task in load_tasks(task_ids)}
+        tasks = slice_tasks(recipe, task_ids)
         store.save_tasks([
             {"id": t.id, "category": t.category, "num_turns": len(t.turns), "involved_classes": ",".join(t.involved_classes)}
             for t in tasks.values()
         ])
         policy = load_policy(resolve_model(recipe.policy.model), recipe)
+        if recipe.data.screen:  # train only on the tasks the base policy solves sometimes but not always
+            task_ids = frontier_task_ids(recipe, screen_slice(recipe, store, tasks, policy, out_dir, progress))
+            tasks = {task_id: tasks[task_id] for task_id in task_ids}
         # imported after the policy is loaded: the Unsloth backend must patch trl before anything imports it
         from seal_lite.training.grpo import CheckpointCallback, StoreCallback, build_trainer, updates_per_step
 

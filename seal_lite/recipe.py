@@ -57,6 +57,12 @@ class DataConfig(_Section):
     task_ids: list[str] | None = Field(
         None, description="Explicit BFCL ids (e.g. multi_turn_base_10); overrides split/num_tasks/categories."
     )
+    screen: int | None = Field(
+        None, ge=2, description="Frontier screen (not in the paper): before training, play this many samples of every "
+        "task of the slice with the base policy, and train only on the tasks it solves sometimes but not always "
+        "(pass rate strictly between 0 and 1). Stored in the run's screen table, so a resumed run does not repeat it. "
+        "None: train on the whole slice.",
+    )
 
 
 class RolloutConfig(_Section):
@@ -91,6 +97,11 @@ class RolloutConfig(_Section):
         description="Who generates rollouts: transformers (the trained model itself) or llamacpp (the policy's "
         "GGUF plus its current LoRA, exported after every update; faster on a CPU, needs a registry model or "
         ".gguf). auto: llamacpp without a GPU when the model is a GGUF, else transformers.",
+    )
+    generation_batch_size: int | None = Field(
+        None, ge=1, description="Most sequences in one generate call (None: a whole step's tasks x G on "
+        "transformers, one task's G on llamacpp; evaluation batches as many). Caps the KV cache of GPU rollouts, "
+        "which grows with sequences x context length.",
     )
     max_logprob_gap: float = Field(
         1.0, gt=0.0, description="llamacpp only: a generated token whose log-probability under llama.cpp and under "
@@ -139,7 +150,7 @@ class DiagnoserConfig(_Section):
     timeout_s: float = Field(30.0, gt=0.0, description="Seconds one diagnosis may take before the rule label stands alone.")
     max_tokens: int = Field(256, ge=32, description="Token budget of one diagnosis (two 200-character texts fit).")
     n_ctx: int = Field(4096, ge=512, description="Context size of the diagnoser model.")
-    n_threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp (default: all cores).")
+    n_threads: int | None = Field(None, ge=1, description="CPU threads for llama.cpp (default: the cores this process may run on).")
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -182,6 +193,11 @@ class GRPOConfig(_Section):
         "with the batch), except for loss_type bnpo, whose token mean is per micro-batch: the whole mini-batch.",
     )
     num_iterations: int = Field(1, ge=1, description="PPO epochs over each step's trajectories (paper: 1).")
+    dynamic_sampling: int | None = Field(
+        None, ge=1, description="DAPO's dynamic sampling (not in the paper): a group whose rewards are all equal "
+        "(no learning signal) is replaced by the group of another task of the pool, until every group has a signal "
+        "or this many extra groups were rolled out in the step. None: off.",
+    )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     keep_checkpoints: int = Field(
@@ -255,6 +271,11 @@ class Recipe(_Section):
         if self.grpo.micro_batch_size is not None:
             return self.grpo.micro_batch_size
         return self.mini_batch() if self.grpo.loss_type == "bnpo" else 1
+
+    def generation_batch(self) -> int:
+        """Sequences per generate call (``rollout.generation_batch_size`` resolved): by default, as many as one
+        training step rolls out, so evaluation never batches more than training does."""
+        return self.rollout.generation_batch_size or self.grpo.tasks_per_step * self.rollout.num_generations
 
     def mini_batch(self) -> int:
         """Trajectories per optimizer step."""

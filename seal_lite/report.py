@@ -38,7 +38,8 @@ def write_report(run_dir: Path, out_dir: Path | None = None, samples: int = 4) -
     sections = [
         f"<h1>seal-lite run {html.escape(run['name'])}</h1>",
         f"<p>model {html.escape(run['model'])}, status {html.escape(run['status'])}, {len(steps)} steps</p>",
-        _figure(pngs["reward"], "Reward (official verdict) and turn pass rate per step"),
+        _figure(pngs["reward"], "Reward (official verdict), its moving average, turn pass rate, and the share of "
+                                "groups with unequal rewards (the only ones GRPO learns from) per step"),
         _figure(pngs["labels"], "Turn labels per step (share of countable labels)"),
         _figure(pngs["rho"], "Label utilities rho per step (closed-loop update)"),
         _figure(pngs["weights"], "Diagnosis weights of the trajectories"),
@@ -80,12 +81,36 @@ def _plot_reward(store: Store, steps: list[int], path: Path) -> None:
     for row in store.db.query("select t.step, u.label from turns u join trajectories t on t.id = u.trajectory_id"):
         total[row["step"]] += 1
         passed[row["step"]] += row["label"] in SUCCESS_LABELS
+    shares = signal_shares(store)
     figure, axes = plt.subplots(figsize=(7, 3))
-    axes.plot(steps, [reward.get(step, 0.0) for step in steps], marker="o", label="reward (task success)")
+    axes.bar(steps, [shares.get(step, 0.0) for step in steps], color="0.88", label="groups with a learning signal (share)")
+    rewards = [reward.get(step, 0.0) for step in steps]
+    axes.plot(steps, rewards, marker="o", label="reward (task success)")
+    window = max(1, min(5, len(steps) // 4))
+    if window > 1:  # long runs: the trend is easier to see than the noisy per-step reward
+        axes.plot(steps, moving_average(rewards, window), linewidth=2.5, label=f"reward, mean of the last {window} steps")
     axes.plot(steps, [passed[s] / total[s] if total[s] else 0.0 for s in steps], marker="s", label="turn pass rate")
     axes.set(xlabel="step", ylim=(-0.05, 1.05))
-    axes.legend()
+    axes.legend(fontsize=7)
     _save(figure, path)
+
+
+def signal_shares(store: Store) -> dict[int, float]:
+    """Per step, the share of task groups whose rewards are not all equal: the only groups GRPO learns from."""
+    group_rewards = defaultdict(set)
+    for row in store.db.query("select step, task_id, reward from trajectories"):
+        group_rewards[row["step"], row["task_id"]].add(row["reward"])
+    with_signal, groups = defaultdict(int), defaultdict(int)
+    for (step, _), rewards in group_rewards.items():
+        groups[step] += 1
+        with_signal[step] += len(rewards) > 1
+    return {step: with_signal[step] / groups[step] for step in groups}
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    return [sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
+            for i in range(len(values))]
 
 
 def _plot_labels(store: Store, steps: list[int], path: Path) -> None:

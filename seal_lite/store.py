@@ -11,6 +11,7 @@ Tables (documented in docs/store.md):
     metrics             (step, name, value), namespaced like reward/mean or labels/pass
     checkpoints         one row per committed step: its checkpoint directory and the SEAL loop's state
     evaluations         ``seal-lite eval`` results: one row per (model evaluated, task)
+    screen              the frontier screen (``data.screen``): each task's passes out of its samples
 
 A step's rollouts, turns and metrics are written in one transaction (``Database.atomic``: sqlite-utils'
 own writes nest inside it as savepoints), so a crash leaves a whole step or nothing. Primary keys are explicit
@@ -69,6 +70,7 @@ _TABLES = {
          "labels": str, "created_at": float},
         ("model", "task_id"),
     ),
+    "screen": ({"task_id": str, "samples": int, "passes": int, "seconds": float, "created_at": float}, "task_id"),
 }
 
 
@@ -160,6 +162,14 @@ class Store:
     def evaluations(self) -> list[dict]:
         rows = self.db["evaluations"].rows_where(order_by="model, task_id")
         return [_decode(row, "labels") for row in rows]
+
+    def save_screen(self, row: dict) -> None:
+        with self.db.atomic():
+            self.db["screen"].upsert({**row, "created_at": time.time()}, pk="task_id")
+
+    def screen(self) -> dict[str, dict]:
+        """task id -> its screen row (samples, passes), for the tasks screened so far."""
+        return {row["task_id"]: row for row in self.db["screen"].rows_where(order_by="task_id")}
 
     def resume_run(self, name: str) -> None:
         self.db["runs"].update(name, {"status": "running", "finished_at": None})

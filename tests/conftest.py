@@ -78,3 +78,27 @@ class ScriptedGenerator:
             out.append(ids)
         self.calls += 1
         return out
+
+
+class HalfRightOnSome:
+    """Plays one task's group per call (as llama.cpp does): for the tasks in ``learnable`` the first half of the
+    group answers with the ground truth and the rest with nothing; every other task fails in all episodes."""
+
+    batches_tasks = False
+
+    def __init__(self, tokenizer, tasks, learnable):
+        self.tokenizer, self.tasks, self.learnable = tokenizer, tasks, set(learnable)
+        self.played: list[str] = []
+
+    def generate(self, batch, max_new_tokens, temperature):
+        text = self.tokenizer.decode(batch[0])
+        task = next(t for t in self.tasks if t.user_message(0) in text)
+        if text.count("<|im_start|>assistant\n") == 1:  # a new group: its first message
+            self.played.append(task.id)
+        out = []
+        for position, ids in enumerate(batch):
+            first = self.tokenizer.decode(ids).count("<|im_start|>assistant\n") == 1
+            right = task.id in self.learnable and position < len(batch) // 2 and first
+            reply = tool_call_text(task.ground_truth[0]) if right else "I cannot do that."
+            out.append(self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id])
+        return out

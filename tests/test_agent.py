@@ -2,7 +2,7 @@
 
 from conftest import ScriptedGenerator, tool_call_text
 
-from seal_lite.agent import rollout_group
+from seal_lite.agent import rollout_group, rollout_groups
 from seal_lite.envs.bfcl import load_tasks, official_verdict
 from seal_lite.interface import TrainingInterface
 from seal_lite.recipe import Recipe
@@ -64,3 +64,51 @@ def test_budget_and_context_limits_stop_an_episode(smol_tokenizer):
     generator = ScriptedGenerator(smol_tokenizer, [["hello"]])
     (trajectory,) = rollout_group(task, 1, generator, rollout, TrainingInterface())
     assert trajectory.stop_reason == "context"
+
+
+class _TaskKeyedGenerator:
+    """A policy that answers each sequence with its own task's ground-truth calls for the turn it is in (found in
+    the sequence's text), recording the size of every batch it was given and which tasks each batch mixed."""
+
+    def __init__(self, tokenizer, tasks, batches_tasks):
+        self.tokenizer, self.tasks, self.batches_tasks = tokenizer, tasks, batches_tasks
+        self.batches: list[set[str]] = []
+        self.batch_sizes: list[int] = []
+
+    def generate(self, batch, max_new_tokens, temperature):
+        out, seen = [], set()
+        for ids in batch:
+            text = self.tokenizer.decode(ids)
+            task = next(t for t in self.tasks if t.user_message(0) in text)
+            seen.add(task.id)
+            answered = text.count("<|im_start|>assistant\n") - 1  # messages this sequence already holds
+            turn = min(answered // 2, len(task.ground_truth) - 1)
+            reply = tool_call_text(task.ground_truth[turn]) if answered % 2 == 0 else "Done."
+            out.append(self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id])
+        self.batches.append(seen)
+        self.batch_sizes.append(len(batch))
+        return out
+
+
+def test_a_step_is_one_batch_across_tasks_and_chunks_cap_it(smol_tokenizer):
+    tasks = [task.truncated(1) for task in load_tasks(["multi_turn_base_0", "multi_turn_base_2", "multi_turn_base_3"])]
+    rollout = Recipe().rollout.model_copy(update={"max_calls_per_turn": 2, "max_model_calls": 4, "parser": "lenient"})
+    pairs = [(task, TrainingInterface()) for task in tasks]
+
+    mixing = _TaskKeyedGenerator(smol_tokenizer, tasks, batches_tasks=True)
+    groups = rollout_groups(pairs, 2, mixing, rollout)
+    # two rounds (the calls, then "Done."), each one generation over all 3 tasks x G = 2 sequences
+    assert mixing.batch_sizes == [6, 6] and all(len(seen) == 3 for seen in mixing.batches)
+    assert [[t.task_id for t in group] for group in groups] == [[task.id] * 2 for task in tasks]
+    for task, group in zip(tasks, groups):
+        for trajectory in group:  # each sequence was answered for its own task: every verdict passes
+            assert official_verdict(task, trajectory.steps_per_turn())["valid"] is True
+
+    capped = _TaskKeyedGenerator(smol_tokenizer, tasks, batches_tasks=True)
+    rollout_groups(pairs, 2, capped, rollout.model_copy(update={"generation_batch_size": 4}))
+    assert capped.batch_sizes == [4, 2, 4, 2]
+
+    one_task_at_a_time = _TaskKeyedGenerator(smol_tokenizer, tasks, batches_tasks=False)  # llama.cpp's way
+    sequential = rollout_groups(pairs, 2, one_task_at_a_time, rollout)
+    assert one_task_at_a_time.batch_sizes == [2] * 6 and all(len(seen) == 1 for seen in one_task_at_a_time.batches)
+    assert [[t.completion_ids for t in g] for g in sequential] == [[t.completion_ids for t in g] for g in groups]

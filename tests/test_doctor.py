@@ -12,7 +12,7 @@ from conftest import ScriptedGenerator, tool_call_text
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from seal_lite import doctor, generation
+from seal_lite import doctor, generation, selftest
 from seal_lite.agent import TokenConversation
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.models import REGISTRY, PipGGUF
@@ -87,7 +87,7 @@ def test_models_show_packages_install_command_and_cache_without_assembling(monke
 
 def test_masking_self_test_passes_on_smollm2(smol_dir):
     """The real SmolLM2 rolls out 2 trajectories of a 2-turn BFCL task; one GRPO step through TRL."""
-    result = doctor.masking_self_test(smol_dir, task_id="multi_turn_base_0", max_new_tokens=16)
+    result = selftest.masking_self_test(smol_dir, task_id="multi_turn_base_0", max_new_tokens=16)
     assert result.passed, result.message
     assert result.message == "ok" and result.trajectories == 2
     assert result.model_tokens > 0 and result.env_tokens > 0  # both kinds inside the completions
@@ -103,7 +103,7 @@ def test_self_test_covers_tool_results_inside_completions(tiny_model_dir, monkey
                [tool_call_text(task.ground_truth[0]), "Finished.", "Finished."]]
     monkeypatch.setattr(generation, "TransformersGenerator",
                         lambda model, tokenizer, mode: ScriptedGenerator(tokenizer, scripts))
-    result = doctor.masking_self_test(tiny_model_dir)
+    result = selftest.masking_self_test(tiny_model_dir)
     assert result.passed, result.message
     assert result.tool_results == 2 and result.max_env_grad == 0.0 and result.min_model_grad > 0
 
@@ -115,7 +115,7 @@ def test_self_test_fails_when_the_loop_marks_environment_tokens_as_model_tokens(
 
     original = TokenConversation.completion
     monkeypatch.setattr(TokenConversation, "completion", everything_is_model)
-    result = doctor.masking_self_test(tiny_model_dir, max_new_tokens=8)
+    result = selftest.masking_self_test(tiny_model_dir, max_new_tokens=8)
     assert not result.passed
     assert "the loop's env_mask disagrees with the generated tokens" in result.message
     assert "TRL's loss mask" not in result.message  # TRL faithfully used the wrong mask
@@ -130,7 +130,7 @@ def test_self_test_fails_when_the_trainer_drops_the_env_mask(tiny_model_dir, mon
 
     original = grpo.SealGRPOTrainer._generate_and_score_completions
     monkeypatch.setattr(grpo.SealGRPOTrainer, "_generate_and_score_completions", without_tool_mask)
-    result = doctor.masking_self_test(tiny_model_dir, max_new_tokens=8)
+    result = selftest.masking_self_test(tiny_model_dir, max_new_tokens=8)
     assert not result.passed
     assert "env_mask disagrees" not in result.message  # the loop's mask is right; the trainer ignored it
     assert "TRL's loss mask" in result.message and result.max_env_grad > 0

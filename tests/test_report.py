@@ -13,7 +13,7 @@ from seal_lite.envs.bfcl import load_tasks
 from seal_lite.evaluate import evaluate, result_rows
 from seal_lite.loop import run
 from seal_lite.recipe import load_recipe
-from seal_lite.report import write_report
+from seal_lite.report import moving_average, signal_shares, write_report
 from seal_lite.store import Store
 
 
@@ -69,3 +69,12 @@ def test_headless_chromium_shows_all_four_figures(reported_run):
     dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
                           "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
     assert 'data-figures-shown="4"' in dom
+
+
+def test_signal_shares_and_the_moving_average(tmp_path):
+    store = Store(tmp_path / "seal.db")
+    rows = [(1, "a", 1.0), (1, "a", 0.0), (1, "b", 0.0), (1, "b", 0.0), (2, "a", 1.0), (2, "a", 1.0)]
+    store.db["trajectories"].insert_all([{"id": f"{i}", "step": step, "task_id": task, "reward": reward}
+                                         for i, (step, task, reward) in enumerate(rows)])
+    assert signal_shares(store) == {1: 0.5, 2: 0.0}  # step 1: a's group is mixed, b's is not
+    assert moving_average([0.0, 1.0, 0.5, 0.5], 2) == [0.0, 0.5, 0.75, 0.5]

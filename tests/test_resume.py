@@ -32,20 +32,24 @@ KILLER = textwrap.dedent("""
     import torch
     from seal_lite import generation, loop
 
-    rollout_group, generate = loop.rollout_group, generation.TransformersGenerator.generate
+    rollout_groups, generate = loop.rollout_groups, generation.TransformersGenerator.generate
     playing = {}
 
-    def recording_rollout_group(task, *args, **kwargs):
-        playing["task"] = task
-        return rollout_group(task, *args, **kwargs)
+    def recording_rollout_groups(pairs, *args, **kwargs):
+        playing["tasks"] = [task for task, _ in pairs]
+        return rollout_groups(pairs, *args, **kwargs)
 
     def sometimes_right(self, batch, max_new_tokens, temperature):
         sampled = generate(self, batch, max_new_tokens, temperature)
-        right = "[" + ", ".join(playing["task"].ground_truth[0]) + "]"
-        right_ids = self.tokenizer(right, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-        return [right_ids if torch.rand(()) < 0.5 else ids for ids in sampled]
+        answers = []
+        for context, ids in zip(batch, sampled):
+            task = next(t for t in playing["tasks"] if t.user_message(0) in self.tokenizer.decode(context))
+            right = "[" + ", ".join(task.ground_truth[0]) + "]"
+            right_ids = self.tokenizer(right, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            answers.append(right_ids if torch.rand(()) < 0.5 else ids)
+        return answers
 
-    loop.rollout_group, generation.TransformersGenerator.generate = recording_rollout_group, sometimes_right
+    loop.rollout_groups, generation.TransformersGenerator.generate = recording_rollout_groups, sometimes_right
 
     def killing_save_step(self, row, *args, **kwargs):
         save_step(self, row, *args, **kwargs)

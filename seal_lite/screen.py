@@ -1,0 +1,46 @@
+"""The frontier screen (``data.screen``): keep the training tasks the policy solves sometimes, but not always.
+
+GRPO learns only from groups whose rewards differ. A task the policy always fails, or always solves, gives every
+trajectory of its group the same reward and an advantage of 0, so it costs rollouts and teaches nothing. The
+screen plays k samples of each task of the slice, as training would (same interface, budgets and temperature),
+and keeps the tasks whose pass rate is strictly between 0 and 1. Each task's result is stored as soon as it is
+known, so an interrupted screen goes on where it stopped. Not part of the paper: a lever for small budgets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from seal_lite.agent import Generator, rollout_group
+from seal_lite.diagnosis.verifier import diagnose_episode
+from seal_lite.envs.bfcl import Task
+from seal_lite.interface import TrainingInterface
+from seal_lite.recipe import Recipe
+from seal_lite.store import Store
+
+
+def screen_tasks(tasks: list[Task], generator: Generator, recipe: Recipe, store: Store,
+                 on_task: Callable[[str, int, int], None] = lambda task_id, passes, samples: None) -> dict[str, float]:
+    """Pass rate per task over ``recipe.data.screen`` samples; tasks already in the store's screen table are not
+    played again."""
+    samples = recipe.data.screen
+    config = recipe.interface
+    interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
+    done = store.screen()
+    for task in tasks:
+        if task.id in done and done[task.id]["samples"] == samples:
+            continue
+        started = time.perf_counter()
+        group = rollout_group(task, samples, generator, recipe.rollout, interface)
+        passes = sum(diagnose_episode(task, trajectory.turns).valid for trajectory in group)
+        store.save_screen({"task_id": task.id, "samples": samples, "passes": passes,
+                           "seconds": time.perf_counter() - started})
+        on_task(task.id, passes, samples)
+    rows = store.screen()
+    return {task.id: rows[task.id]["passes"] / rows[task.id]["samples"] for task in tasks}
+
+
+def frontier(pass_rates: dict[str, float]) -> list[str]:
+    """The tasks with a learning signal to give: solved sometimes, but not always (in the order given)."""
+    return [task_id for task_id, rate in pass_rates.items() if 0.0 < rate < 1.0]
