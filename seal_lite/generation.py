@@ -7,6 +7,7 @@ top-k/top-p are off, so the rollouts come from the distribution the GRPO loss sc
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -14,7 +15,17 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from seal_lite import profile
-from seal_lite.training.policy import eval_mode
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """Generation with dropout off; the training mode comes back afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 class TransformersGenerator:
@@ -23,10 +34,10 @@ class TransformersGenerator:
 
     batches_tasks = True  # left-padded batches may mix tasks: a step's tasks x G trajectories go in one batch
 
-    def __init__(self, model, tokenizer, mode: Callable = eval_mode):
+    def __init__(self, model, tokenizer, mode: Callable | None = None):
         self.model = model
         self.tokenizer = tokenizer
-        self.mode = mode
+        self.mode = mode or eval_mode
         self.stop_ids = sorted(stop_ids(tokenizer, model))
 
     @torch.no_grad()

@@ -473,9 +473,8 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
     """
     if rollout_backend(recipe) == "transformers":
         from seal_lite.generation import TransformersGenerator
-        from seal_lite.training.policy import eval_mode
 
-        yield TransformersGenerator(model, tokenizer, mode or eval_mode), lambda step: None
+        yield TransformersGenerator(model, tokenizer, mode), lambda step: None
         return
     from seal_lite.gguf_lora import export_lora_gguf
     from seal_lite.llamacpp import LlamaCppGenerator

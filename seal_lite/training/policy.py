@@ -92,17 +92,6 @@ def resolve_backend(requested: str, cuda_available: bool, installed: set[str]) -
     return backend, reason
 
 
-@contextlib.contextmanager
-def eval_mode(model):
-    """Generation with dropout off; the training mode comes back afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
 @dataclass
 class Policy:
     model: object
@@ -112,14 +101,14 @@ class Policy:
     dtype: object  # the compute dtype: decides TRL's bf16/fp16 mixed precision
     peft_config: object | None  # for TRL to wrap the model; None when the backend already added LoRA
     gradient_checkpointing: bool = False  # for TRL's config on the peft paths (Unsloth applies its own)
-    generation_mode: Callable = eval_mode  # generation_mode(model): the context rollouts are generated in
+    generation_mode: Callable | None = None  # the context rollouts are generated in (None: eval mode)
 
 
 def load_policy(model_dir: str, recipe: Recipe) -> Policy:
     """Load ``model_dir`` (a local directory or hub id) with the backend the recipe and the hardware allow."""
     import torch
 
-    from seal_lite.generation import stop_ids
+    from seal_lite.generation import eval_mode, stop_ids
 
     backend, reason = resolve_backend(recipe.policy.backend, torch.cuda.is_available(), installed_backends())
     checkpointing = recipe.policy.gradient_checkpointing
