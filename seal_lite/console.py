@@ -32,6 +32,7 @@ class RichProgress:
             disable=not console.is_terminal,  # logs and notebooks get the one-line-per-step text instead
         )
         self.bar = self.screen_bar = None
+        self.step, self.tasks, self.done = 0, 0, 0
 
     def __enter__(self):
         self.bars.__enter__()
@@ -59,9 +60,14 @@ class RichProgress:
 
     def step_started(self, step: int, num_tasks: int) -> None:
         self.bar = self.bars.add_task(f"step {step}/{self.total_steps} rollouts", total=num_tasks, status="")
+        self.step, self.tasks, self.done = step, num_tasks, 0
 
     def task_done(self, task_id: str, rewards: list[float]) -> None:
         self.bars.update(self.bar, advance=1, status=f"{task_id}: rewards {rewards}")
+        self.done += 1
+        if not console.is_terminal:  # a step can take many minutes on a GPU: show each task group as it finishes
+            console.print(f"step {self.step}/{self.total_steps}: task {self.done}/{self.tasks} {task_id}, "
+                          f"rewards {[round(reward) for reward in rewards]}")
 
     def step_finished(self, step: int, metrics: dict[str, float]) -> None:
         failures = {k[7:-5]: v for k, v in metrics.items()

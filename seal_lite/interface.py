@@ -208,20 +208,38 @@ GUIDELINES = {  # one template line per failure label
 MIN_COUNT, MIN_PREVALENCE, MAX_REWARD, MAX_LINES = 8, 0.10, 0.6, 3
 
 
+@dataclass(frozen=True)
+class GuidelineCandidate:
+    """One failure label as phi_cap's rule sees it."""
+
+    label: str
+    count: int
+    prevalence: float  # its share of the failure labels that have a guideline
+    mean_reward: float  # of the trajectories it occurred in
+    score: float  # prevalence * (1 - mean reward): the rank
+    qualifies: bool  # count >= 8, prevalence >= 10% and mean reward < 0.6
+
+
+def guideline_candidates(counts: dict[str, int], mean_rewards: dict[str, float]) -> list[GuidelineCandidate]:
+    """phi_cap's rule label by label: every failure label with a guideline that occurred, best score first, with
+    whether it qualifies for a line (``capability_guidelines`` shows the first three that do)."""
+    failures = {label: n for label, n in counts.items() if label in GUIDELINES and n > 0}
+    total = sum(failures.values())
+    candidates = []
+    for label, n in failures.items():
+        prevalence, reward = n / total, mean_rewards.get(label, 0.0)
+        qualifies = n >= MIN_COUNT and prevalence >= MIN_PREVALENCE and reward < MAX_REWARD
+        candidates.append(GuidelineCandidate(label, n, prevalence, reward, prevalence * (1 - reward), qualifies))
+    return sorted(candidates, key=lambda candidate: (-candidate.score, candidate.label))
+
+
 def capability_guidelines(counts: dict[str, int], mean_rewards: dict[str, float],
                           hints: dict[str, str] | None = None) -> tuple[str, ...]:
     """phi_cap: the labels with count >= 8, at least 10% of failure labels and mean reward < 0.6, ranked by
     prevalence * (1 - mean reward), at most 3 lines. A line leaves once its label stops qualifying (its reward
     recovered). ``hints`` replaces a label's template with another text (the local diagnoser's hint)."""
-    failures = {label: n for label, n in counts.items() if label in GUIDELINES and n > 0}
-    total = sum(failures.values())
-    ranked = []
-    for label, n in failures.items():
-        prevalence, reward = n / total, mean_rewards.get(label, 0.0)
-        if n >= MIN_COUNT and prevalence >= MIN_PREVALENCE and reward < MAX_REWARD:
-            ranked.append((prevalence * (1 - reward), label))
-    chosen = [label for _, label in sorted(ranked, key=lambda item: (-item[0], item[1]))[:MAX_LINES]]
-    return tuple((hints or {}).get(label) or GUIDELINES[label] for label in chosen)
+    chosen = [candidate.label for candidate in guideline_candidates(counts, mean_rewards) if candidate.qualifies]
+    return tuple((hints or {}).get(label) or GUIDELINES[label] for label in chosen[:MAX_LINES])
 
 
 def interface_from_version(row: dict) -> TrainingInterface:

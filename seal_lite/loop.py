@@ -63,6 +63,24 @@ class RolloutBatch:
     advantages: list[float]  # already multiplied by the diagnosis weights
     sampled_logprobs: list[list[float]] | None = None  # the rollout engine's, when it is not the trained model
 
+    @classmethod
+    def from_trajectories(cls, trajectories: list[Trajectory], rewards: list[float],
+                          advantages: list[float]) -> RolloutBatch:
+        """The batch of ``trajectories`` (in TRL's prompt order) with their rewards and final advantages; the
+        sampling engine's log-probs go along when every trajectory has them."""
+        if not len(trajectories) == len(rewards) == len(advantages):
+            raise ValueError(f"{len(trajectories)} trajectories, {len(rewards)} rewards and {len(advantages)} "
+                             "advantages: give one of each per trajectory")
+        return cls(
+            prompt_ids=[t.prompt_ids for t in trajectories],
+            completion_ids=[t.completion_ids for t in trajectories],
+            env_mask=[t.env_mask for t in trajectories],
+            rewards=list(rewards),
+            advantages=list(advantages),
+            sampled_logprobs=([t.sampled_logprobs for t in trajectories]
+                              if all(t.sampled_logprobs is not None for t in trajectories) else None),
+        )
+
 
 class Progress(Protocol):
     def task_screened(self, task_id: str, passes: int, samples: int) -> None: ...
@@ -215,15 +233,7 @@ class SealStep:
         if new_version:
             self.interface, self.version = new_version
         self.progress.step_finished(self.step, metrics)
-        return RolloutBatch(
-            prompt_ids=[t.prompt_ids for t in trajectories],
-            completion_ids=[t.completion_ids for t in trajectories],
-            env_mask=[t.env_mask for t in trajectories],
-            rewards=rewards,
-            advantages=final,
-            sampled_logprobs=([t.sampled_logprobs for t in trajectories]
-                              if all(t.sampled_logprobs is not None for t in trajectories) else None),
-        )
+        return RolloutBatch.from_trajectories(trajectories, rewards, final)
 
     def _roll_out(self, task_ids: list[str]) -> list[list[tuple[Trajectory, EpisodeDiagnosis]]]:
         """Steps 2-5 for each task: one group of G (trajectory, diagnosis) pairs per task."""

@@ -62,6 +62,24 @@ def test_invalid_recipe_names_field_reason_and_fix(tmp_path):
     assert result.exit_code == 2 and "not valid YAML" in result.output
 
 
+def test_progress_without_a_terminal_prints_each_task_group_and_each_step(capsys):
+    """Logs and notebooks (Colab's ``!seal-lite run``) see a line per task group as it finishes, then per step."""
+    from seal_lite.console import RichProgress
+
+    with RichProgress(2) as progress:
+        progress.step_started(1, 2)
+        progress.task_done("multi_turn_base_3", [0.0, 1.0, 0.0, 0.0])
+        progress.task_done("multi_turn_base_7", [0.0] * 4)
+        progress.step_finished(1, {"reward/mean": 0.125, "grpo/weight_min": 1.0, "grpo/weight_max": 1.5,
+                                   "interface/version": 1, "time/rollout_s": 30.0, "grpo/advantage_abs_mean": 0.5,
+                                   "labels/state_mismatch_rate": 1.0})
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[:2] == ["step 1/2: task 1/2 multi_turn_base_3, rewards [0, 1, 0, 0]",
+                         "step 1/2: task 2/2 multi_turn_base_7, rewards [0, 0, 0, 0]"]
+    assert lines[2].startswith("step 1/2: reward 0.12") and "policy update follows" in out
+
+
 def test_small_real_run_prints_what_the_store_holds(tmp_path):
     """SmolLM2-135M from its pip GGUF, real BFCL, a real TRL step; the summary must match seal.db."""
     out = tmp_path / "run"

@@ -21,6 +21,7 @@ from seal_lite.interface import (
     apply_schema_cues,
     capability_guidelines,
     evaluation_interface,
+    guideline_candidates,
     observation,
     recovery_feedback,
     render_tools,
@@ -72,6 +73,24 @@ def test_guidelines_follow_the_selection_rule():
     rare = capability_guidelines({"state_mismatch": 9, "empty_turn_model_response": 200}, {})
     assert rare == (GUIDELINES["empty_turn_model_response"],)  # 9/209 is under 10% prevalence
     assert capability_guidelines(counts, rewards, {"state_mismatch": "Say the folder name."})[1] == "Say the folder name."
+
+
+def test_guideline_candidates_show_each_label_against_the_rule():
+    counts = {"empty_turn_model_response": 40, "state_mismatch": 20, "response_mismatch": 9, "spurious_tool_call": 7,
+              "instance_mismatch": 8, "pass": 100}
+    rewards = {"empty_turn_model_response": 0.0, "state_mismatch": 0.5, "response_mismatch": 0.0,
+               "spurious_tool_call": 0.0, "instance_mismatch": 0.7}
+    candidates = guideline_candidates(counts, rewards)
+    by_label = {c.label: c for c in candidates}
+    assert set(by_label) == set(counts) - {"pass"}  # pass has no guideline
+    assert by_label["state_mismatch"].prevalence == pytest.approx(20 / 84)
+    assert by_label["state_mismatch"].score == pytest.approx(20 / 84 * 0.5)
+    assert [c.label for c in candidates if not c.qualifies] == ["spurious_tool_call", "instance_mismatch"]
+    assert [c.score for c in candidates] == sorted((c.score for c in candidates), reverse=True)
+    # capability_guidelines is the first three qualifying candidates
+    chosen = tuple(GUIDELINES[c.label] for c in candidates if c.qualifies)[:3]
+    assert capability_guidelines(counts, rewards) == chosen
+    assert guideline_candidates({}, {}) == []
 
 
 labels = st.sampled_from(sorted(GUIDELINES) + ["pass", "correct_abstention"])

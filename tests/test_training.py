@@ -6,8 +6,10 @@ import pytest
 import torch
 from conftest import ScriptedGenerator, tool_call_text
 
+from seal_lite.agent import rollout_group
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.loop import SealStep
+from seal_lite.interface import TrainingInterface
+from seal_lite.loop import RolloutBatch, SealStep
 from seal_lite.recipe import load_recipe
 from seal_lite.store import Store
 from seal_lite.training import grpo
@@ -80,6 +82,26 @@ def test_equal_rewards_leave_lora_unchanged(tmp_path, tiny_model_dir):
                                  str(tmp_path / "trl"))
     trainer.train()
     assert all(torch.count_nonzero(p) == 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
+
+
+def test_a_rollout_batch_is_built_from_trajectories_in_order(smol_tokenizer):
+    """What SealStep hands TRL (and the teaching notebook builds by hand): one entry per trajectory, in order."""
+    recipe = load_recipe(None, {"interface.tool_format": "signatures", "rollout.max_turns": 1})
+    task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
+    scripts = [[tool_call_text(task.ground_truth[0]), "Done."], [tool_call_text(["mkdir(dir_name='x')"]), "Done."]]
+    generator = ScriptedGenerator(smol_tokenizer, scripts)
+    trajectories = rollout_group(task, 2, generator, recipe.rollout, TrainingInterface(tool_format="signatures"))
+    batch = RolloutBatch.from_trajectories(trajectories, [0.0, 1.0], [-0.5, 0.5])
+    assert batch.prompt_ids == [t.prompt_ids for t in trajectories]
+    assert batch.completion_ids == [t.completion_ids for t in trajectories]
+    assert batch.env_mask == [t.env_mask for t in trajectories]
+    assert (batch.rewards, batch.advantages, batch.sampled_logprobs) == ([0.0, 1.0], [-0.5, 0.5], None)
+    for trajectory in trajectories:  # an engine that reports its sampling log-probs (llama.cpp)
+        trajectory.sampled_logprobs = [0.0] * len(trajectory.completion_ids)
+    assert RolloutBatch.from_trajectories(trajectories, [0.0, 1.0], [0.0, 0.0]).sampled_logprobs == [
+        t.sampled_logprobs for t in trajectories]
+    with pytest.raises(ValueError, match="one of each per trajectory"):
+        RolloutBatch.from_trajectories(trajectories, [0.0], [0.0, 0.0])
 
 
 def test_mini_batches_and_ppo_epochs_map_onto_seal_steps(tmp_path, tiny_model_dir):
