@@ -46,7 +46,7 @@ def test_screen_command_with_the_real_model(tmp_path):
     result = CliRunner().invoke(main, [
         "screen", "--out", str(out), "--samples", "2", "--set", "data.task_ids=[multi_turn_base_0]",
         "--set", "rollout.max_turns=1", "--set", "rollout.max_model_calls=1", "--set", "rollout.max_new_tokens=16",
-        "--set", "grpo.tasks_per_step=1"])
+        "--set", "grpo.tasks_per_step=1", "--set", "interface.tool_format=signatures"])  # short prompts: faster
     assert result.exit_code == 0, result.output
     rows = Store(out / "seal.db").screen()
     assert list(rows) == ["multi_turn_base_0"] and rows["multi_turn_base_0"]["samples"] == 2
