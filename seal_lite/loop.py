@@ -38,7 +38,7 @@ from seal_lite.diagnosis.diagnoser import Diagnoser, Explanation, StepReport, fa
 from seal_lite.diagnosis.explainer import argument_values, redact_unseen_values
 from seal_lite.diagnosis.labels import EXCLUDED_LABELS
 from seal_lite.diagnosis.verifier import EpisodeDiagnosis, diagnose_episode
-from seal_lite.envs.bfcl import Task, load_tasks
+from seal_lite.envs.bfcl import Task, load_tasks, split_ids
 from seal_lite.interface import SCHEMA_CUE_LINE, TrainingInterface, capability_guidelines
 from seal_lite.models import resolve_gguf
 from seal_lite.recipe import Recipe
@@ -80,19 +80,11 @@ class NoProgress:
     def step_finished(self, step, metrics): pass
 
 
-def data_file(name: str) -> Path:
-    """A file of the data/ folder: inside the installed package, or beside it in a source checkout."""
-    packaged = Path(__file__).parent / "data" / name
-    return packaged if packaged.exists() else Path(__file__).parent.parent / "data" / name
-
-
 def select_task_ids(recipe: Recipe) -> list[str]:
     """The run's task slice: explicit ids, or the first ``num_tasks`` of the split after a seeded shuffle."""
     if recipe.data.task_ids:
         return list(recipe.data.task_ids)
-    ids = data_file(f"{recipe.data.split}_ids.txt").read_text().split()
-    wanted = {f"multi_turn_{category}_" for category in recipe.data.categories}
-    ids = [task_id for task_id in ids if task_id.rsplit("_", 1)[0] + "_" in wanted]
+    ids = split_ids(recipe.data.split, recipe.data.categories)
     random.Random(recipe.seed).shuffle(ids)
     return ids[: recipe.data.num_tasks]
 
