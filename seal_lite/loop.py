@@ -551,7 +551,19 @@ def _resume_point(store: Store, out_dir: Path, updates: int) -> dict | None:
     for directory in (out_dir / "checkpoints").glob("checkpoint-*"):
         if int(directory.name.rsplit("-", 1)[1]) > step * updates:  # written by a step that did not commit
             shutil.rmtree(directory)
+    for directory in (out_dir / "checkpoints").glob(".removing-*"):  # a pruning that was interrupted
+        shutil.rmtree(directory)
     return checkpoint
+
+
+def _prune_checkpoints(directory: Path, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints, once the newest is committed (transformers' own rotation runs before
+    the commit, and could delete the last committed checkpoint of a run killed in between). A checkpoint is
+    renamed before it is deleted, so a kill mid-deletion never leaves a half checkpoint under its own name."""
+    checkpoints = sorted(directory.glob("checkpoint-*"), key=lambda path: int(path.name.rsplit("-", 1)[1]))
+    for old in checkpoints[:-keep]:
+        doomed = old.rename(old.with_name(f".removing-{old.name}"))
+        shutil.rmtree(doomed)
 
 
 def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> RunSummary:
@@ -613,6 +625,7 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
 
             def commit(step: int, directory: str) -> None:
                 store.commit_checkpoint(step, str(Path(directory).relative_to(out_dir)), seal_step.state())
+                _prune_checkpoints(out_dir / "checkpoints", recipe.grpo.keep_checkpoints)
 
             trainer = build_trainer(policy, recipe, task_ids, seal_step, str(out_dir / "checkpoints"),
                                     callbacks=[StoreCallback(store, updates, seal_step), CheckpointCallback(commit, updates)])
