@@ -91,9 +91,9 @@ def run(recipe, out, overrides, overwrite):
 
     RECIPE is a YAML file; without it the embedded CPU quickstart runs. Everything the run does is written
     to RUN_DIR/seal.db (SQLite; tables documented in docs/store.md), with a checkpoint per step in
-    RUN_DIR/checkpoints. Run the same command again after a crash or Ctrl-C: an unfinished run in RUN_DIR
-    resumes from its last completed step. What the recipe names (models, task ids, backends) is checked first: a
-    problem exits with status 2, one line each, before anything is written.
+    RUN_DIR/checkpoints. Run the same command again after a crash, Ctrl-C or a full disk: an unfinished run in
+    RUN_DIR resumes from its last completed step. What the recipe names (models, task ids, backends) is checked
+    first: a problem exits with status 2, one line each, before anything is written.
 
     \b
     Examples:
@@ -101,7 +101,7 @@ def run(recipe, out, overrides, overwrite):
       seal-lite run recipes/quickstart.yaml --set grpo.steps=1 --out runs/try
     """
     config = _load(recipe, overrides, check=True, out=out)
-    from seal_lite.loop import RunMismatchError, ScreenError, run_status
+    from seal_lite.loop import DiskFullError, RunMismatchError, ScreenError, run_status
 
     out_dir = Path(out) if out else config.out_dir() if overwrite else _free_out_dir(config.out_dir())
     status = run_status(out_dir)
@@ -123,7 +123,7 @@ def run(recipe, out, overrides, overwrite):
     try:
         with RichProgress(config.grpo.steps) as progress:
             summary = run_loop(config, out_dir, progress)
-    except (RunMismatchError, ModelSourceError, PolicyBackendError, ScreenError) as error:
+    except (RunMismatchError, ModelSourceError, PolicyBackendError, ScreenError, DiskFullError) as error:
         raise click.ClickException(str(error)) from None
     print_summary(summary)
 
