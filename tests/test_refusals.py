@@ -141,3 +141,25 @@ def test_the_two_first_reported_cases_through_the_installed_command(tmp_path):
         assert result.returncode == 2, result.stderr
         assert setting.split("=")[0] in result.stderr and "Traceback" not in result.stderr
         assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_that_fails_before_storing_a_step_leaves_no_directory(tmp_path, monkeypatch, tiny_model_dir):
+    """What preflight cannot know (a hub model that turns out not to load, a policy that does not fit) fails in
+    the run; if no step was stored, the directories the run created go too. One that existed stays."""
+    from seal_lite.loop import run
+    from seal_lite.recipe import load_recipe
+    from seal_lite.training import policy
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the policy does not load")
+
+    monkeypatch.setattr(policy, "load_policy", broken)
+    recipe = load_recipe(None, {"policy.model": tiny_model_dir, "diagnoser.mode": "off"})
+    with pytest.raises(RuntimeError, match="does not load"):
+        run(recipe, tmp_path / "runs" / "new")
+    assert list(tmp_path.iterdir()) == []
+
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(RuntimeError, match="does not load"):
+        run(recipe, tmp_path / "mine")
+    assert list(tmp_path.iterdir()) == [tmp_path / "mine"]
