@@ -88,7 +88,7 @@ def model_problem(spec: str) -> str | None:
     if path.exists():
         return f"{path} is a file but neither a .gguf file nor a model directory; use a registry name " \
                f"({_known()}), a model directory or a .gguf file"
-    if spec.startswith((".", "/", "~")):
+    if spec.startswith((".", "/", "~")) or (path.parent != Path(".") and path.parent.is_dir()):
         return f"there is no file or directory {path}; use a registry name ({_known()}), a model directory, " \
                "a .gguf file, or a hub id (org/name)"
     if "/" not in spec:

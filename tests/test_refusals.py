@@ -32,6 +32,7 @@ CORPUS = [
     ("unknown-model", {"policy": {"model": "no-such-model"}}, ["policy.model"]),
     ("registry-model-not-installed", {"policy": {"model": "absent-model"}}, ["policy.model"]),
     ("model-dir-missing", {"policy": {"model": "./models/nowhere"}}, ["policy.model"]),
+    ("model-path-typo", {"policy": {"model": "assets/model-dri"}}, ["policy.model"]),  # not a hub id: assets/ is here
     ("gguf-missing", {"policy": {"model": "{tmp}/nowhere/model.gguf"}}, ["policy.model"]),
     ("gguf-not-a-gguf", {"policy": {"model": "{tmp}/assets/fake.gguf"}}, ["policy.model"]),
     ("model-dir-without-config", {"policy": {"model": "{tmp}/assets/empty-dir"}}, ["policy.model"]),
