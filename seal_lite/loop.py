@@ -588,9 +588,24 @@ def _stored_steps(out_dir: Path) -> int | None:
         return 0
     try:
         with contextlib.closing(sqlite3.connect(f"file:{out_dir / 'seal.db'}?mode=ro", uri=True)) as db:
+            if not db.execute("select count(*) from sqlite_master where name = 'steps'").fetchone()[0]:
+                return 0
             return db.execute("select count(*) from steps").fetchone()[0]
     except sqlite3.Error:
         return None
+
+
+def _remove_created(out_dir: Path, created: Path) -> None:
+    """Remove the run directory, then its parents up to ``created`` while they are empty (another run may have
+    put its own directory beside this one meanwhile)."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    for parent in out_dir.parents:
+        if not parent.is_relative_to(created):
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break
 
 
 def _tree_bytes(path: Path) -> int:
@@ -671,7 +686,7 @@ def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> Run
         lock.release()
         removed = created is not None and _stored_steps(out_dir) == 0
         if removed:
-            shutil.rmtree(created, ignore_errors=True)
+            _remove_created(out_dir, created)
         cause = disk_full(error, out_dir) if isinstance(error, Exception) else None
         if cause is not None:
             raise DiskFullError(_disk_full_message(out_dir, recipe, cause, removed)) from error
