@@ -146,16 +146,17 @@ def test_full_disk_at_checkpoint_then_at_commit_simulated(tmp_path, recipe_file)
     _assert_whole_run(out / "seal.db", out / "checkpoints")
 
 
-def _namespace_prefix() -> list[str] | None:
-    """How to run a command where it may mount a tmpfs: as root directly, else in a user namespace; None if neither."""
-    if shutil.which("mount") is None:
+def _namespace_prefix(probe_dir) -> list[str] | None:
+    """How to run a command in a private mount namespace where it may mount a tmpfs: as root (unshare -m), else in
+    an unprivileged user namespace (unshare -Urm); None if neither works here (tried on a 1 MiB tmpfs)."""
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
         return None
-    if os.geteuid() == 0:
-        return ["unshare", "-m"] if shutil.which("unshare") else None
-    if shutil.which("unshare") is None:
-        return None
-    probe = subprocess.run(["unshare", "-Urm", "true"], capture_output=True, timeout=60)
-    return ["unshare", "-Urm"] if probe.returncode == 0 else None
+    for prefix in (["unshare", "-m"], ["unshare", "-Urm"]) if os.geteuid() == 0 else (["unshare", "-Urm"],):
+        probe = subprocess.run([*prefix, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe_dir)],
+                               capture_output=True, timeout=120)
+        if probe.returncode == 0:
+            return prefix
+    return None
 
 
 # Inside the private mount namespace: mount the tmpfs, run the three runs, and report what happened to RESULTS
@@ -184,7 +185,8 @@ REAL = textwrap.dedent("""
 
 
 def test_full_disk_on_a_real_small_file_system(tmp_path, recipe_file):
-    prefix = _namespace_prefix()
+    (tmp_path / "probe").mkdir()
+    prefix = _namespace_prefix(tmp_path / "probe")
     if prefix is None:
         pytest.skip("cannot mount a tmpfs here (neither root nor unprivileged user namespaces)")
     disk, results = tmp_path / "disk", tmp_path / "results"
