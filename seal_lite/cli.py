@@ -146,7 +146,7 @@ def screen(recipe, out, overrides, samples):
       seal-lite screen recipes/cpu-learn.yaml
       seal-lite screen recipes/cpu-qwen0.5b.yaml --samples 4 --set data.num_tasks=20
     """
-    config = _load(recipe, overrides + ((f"data.screen={samples}",) if samples else ()))
+    config = _load(recipe, overrides + ((f"data.screen={samples}",) if samples else ()), check=True, out=out)
     if config.data.screen is None:
         config = _load(recipe, overrides + ("data.screen=4",))
     from seal_lite.console import RichProgress, print_screen
