@@ -44,12 +44,28 @@ def _parse_overrides(pairs: tuple[str, ...]) -> dict:
     return overrides
 
 
-def _load(recipe_path, overrides):
+def _load(recipe_path, overrides, check: bool = False, out: str | None = None):
+    """The recipe, or exit 2 with one line per problem. ``check``: also against this machine (models installed,
+    paths and task ids existing, backends usable); ``out``: the --out directory, checked with it."""
+    from seal_lite.preflight import out_dir_problem
+
+    problems = []
     try:
-        return load_recipe(recipe_path, _parse_overrides(overrides))
+        config = load_recipe(recipe_path, _parse_overrides(overrides), check=check)
     except RecipeError as error:
-        click.echo(f"Invalid recipe:\n{error}", err=True)
+        config, problems = None, str(error).splitlines()
+    if check:
+        out_dir = Path(out) if out else config.out_dir() if config else None
+        problem = out_dir_problem(out_dir) if out_dir is not None else None
+        if problem and out:
+            problems.append(f"--out {str(out_dir)!r}: {problem}")
+        elif problem:
+            field = "output_dir" if config.output_dir else "name"
+            problems.append(f"{recipe_path or 'default recipe'}: {field} = {getattr(config, field)!r}: {problem}")
+    if problems:
+        click.echo("Invalid recipe (nothing was written):\n" + "\n".join(problems), err=True)
         sys.exit(2)
+    return config
 
 
 def _free_out_dir(base: Path) -> Path:
@@ -75,16 +91,17 @@ def run(recipe, out, overrides, overwrite):
 
     RECIPE is a YAML file; without it the embedded CPU quickstart runs. Everything the run does is written
     to RUN_DIR/seal.db (SQLite; tables documented in docs/store.md), with a checkpoint per step in
-    RUN_DIR/checkpoints. Run the same command again after a crash or Ctrl-C: an unfinished run in RUN_DIR
-    resumes from its last completed step.
+    RUN_DIR/checkpoints. Run the same command again after a crash, Ctrl-C or a full disk: an unfinished run in
+    RUN_DIR resumes from its last completed step. What the recipe names (models, task ids, backends) is checked
+    first: a problem exits with status 2, one line each, before anything is written.
 
     \b
     Examples:
       seal-lite run
       seal-lite run recipes/quickstart.yaml --set grpo.steps=1 --out runs/try
     """
-    config = _load(recipe, overrides)
-    from seal_lite.loop import RunMismatchError, ScreenError, run_status
+    config = _load(recipe, overrides, check=True, out=out)
+    from seal_lite.loop import DiskFullError, RunMismatchError, ScreenError, run_status
 
     out_dir = Path(out) if out else config.out_dir() if overwrite else _free_out_dir(config.out_dir())
     status = run_status(out_dir)
@@ -106,7 +123,7 @@ def run(recipe, out, overrides, overwrite):
     try:
         with RichProgress(config.grpo.steps) as progress:
             summary = run_loop(config, out_dir, progress)
-    except (RunMismatchError, ModelSourceError, PolicyBackendError, ScreenError) as error:
+    except (RunMismatchError, ModelSourceError, PolicyBackendError, ScreenError, DiskFullError) as error:
         raise click.ClickException(str(error)) from None
     print_summary(summary)
 
@@ -129,7 +146,7 @@ def screen(recipe, out, overrides, samples):
       seal-lite screen recipes/cpu-learn.yaml
       seal-lite screen recipes/cpu-qwen0.5b.yaml --samples 4 --set data.num_tasks=20
     """
-    config = _load(recipe, overrides + ((f"data.screen={samples}",) if samples else ()))
+    config = _load(recipe, overrides + ((f"data.screen={samples}",) if samples else ()), check=True, out=out)
     if config.data.screen is None:
         config = _load(recipe, overrides + ("data.screen=4",))
     from seal_lite.console import RichProgress, print_screen
@@ -220,11 +237,10 @@ def _trained_adapters(store, run_dir: Path, steps: tuple[int, ...]) -> list[tupl
 
 
 def _eval_task_ids(split: str, per_category: int | None) -> list[str]:
-    from seal_lite.envs.bfcl import CATEGORIES, category_of
-    from seal_lite.loop import data_file
+    from seal_lite.envs.bfcl import CATEGORIES, category_of, split_ids
 
     if split in ("eval", "train"):
-        ids = data_file(f"{split}_ids.txt").read_text().split()
+        ids = split_ids(split)
     else:
         ids = [task_id.strip() for task_id in split.split(",") if task_id.strip()]
         for task_id in ids:
@@ -290,6 +306,11 @@ def evaluate_command(target, split, per_category, base, steps, overrides, json_f
         models = [("base", None)] if base else []
         models += [(f"step {step}", path) for step, path in _trained_adapters(store, run_dir, steps)]
     else:
+        from seal_lite.preflight import model_problem
+
+        if problem := model_problem(target):  # checked before anything loads, as `run` checks its recipe
+            raise click.BadParameter(f"{target!r} is neither a run directory nor a usable model: {problem}",
+                                     param_hint="TARGET")
         config = _load(None, overrides + (f"policy.model={target}",))
         models = [("base", None)]
     tasks = [task.truncated(config.rollout.max_turns) for task in load_tasks(_eval_task_ids(split, per_category))]
@@ -379,6 +400,10 @@ def prompt(task_id, model, run_dir, number, turn):
 def recipe(recipe, fields, overrides):
     """Validate a recipe and print it fully resolved (defaults < file < --set).
 
+    Like `seal-lite run`, it also checks what the recipe names against this machine: registry models installed
+    (else the pip command), paths and BFCL task ids existing, backends usable here. Exits with status 2 and one
+    line per problem otherwise.
+
     \b
     Examples:
       seal-lite recipe recipes/quickstart.yaml
@@ -390,7 +415,7 @@ def recipe(recipe, fields, overrides):
         return
     import yaml
 
-    config = _load(recipe, overrides)
+    config = _load(recipe, overrides, check=True)
     click.echo(yaml.safe_dump(config.model_dump(), sort_keys=False).rstrip())
 
 

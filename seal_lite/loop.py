@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import random
 import shutil
+import sqlite3
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from seal_lite.diagnosis.diagnoser import Diagnoser, Explanation, StepReport, fa
 from seal_lite.diagnosis.explainer import argument_values, redact_unseen_values
 from seal_lite.diagnosis.labels import EXCLUDED_LABELS
 from seal_lite.diagnosis.verifier import EpisodeDiagnosis, diagnose_episode
-from seal_lite.envs.bfcl import Task, load_tasks
+from seal_lite.envs.bfcl import Task, load_tasks, split_ids
 from seal_lite.interface import SCHEMA_CUE_LINE, TrainingInterface, capability_guidelines
 from seal_lite.models import resolve_gguf
 from seal_lite.recipe import Recipe
@@ -98,19 +100,11 @@ class NoProgress:
     def step_finished(self, step, metrics): pass
 
 
-def data_file(name: str) -> Path:
-    """A file of the data/ folder: inside the installed package, or beside it in a source checkout."""
-    packaged = Path(__file__).parent / "data" / name
-    return packaged if packaged.exists() else Path(__file__).parent.parent / "data" / name
-
-
 def select_task_ids(recipe: Recipe) -> list[str]:
     """The run's task slice: explicit ids, or the first ``num_tasks`` of the split after a seeded shuffle."""
     if recipe.data.task_ids:
         return list(recipe.data.task_ids)
-    ids = data_file(f"{recipe.data.split}_ids.txt").read_text().split()
-    wanted = {f"multi_turn_{category}_" for category in recipe.data.categories}
-    ids = [task_id for task_id in ids if task_id.rsplit("_", 1)[0] + "_" in wanted]
+    ids = split_ids(recipe.data.split, recipe.data.categories)
     random.Random(recipe.seed).shuffle(ids)
     return ids[: recipe.data.num_tasks]
 
@@ -534,6 +528,99 @@ class RunMismatchError(ValueError):
     """An existing run directory holds a run of another recipe; resuming it would mix two experiments."""
 
 
+class DiskFullError(RuntimeError):
+    """The disk holding the run filled up while the run wrote to it; the message says what is committed and how
+    to resume."""
+
+
+FULL_BELOW = 16 * 2**20  # bytes free under which a failed write without an errno (torch.save) counts as a full disk
+
+
+def disk_full(error: BaseException, out_dir: Path) -> BaseException | None:
+    """The error in ``error``'s chain that says the disk is full, or None.
+
+    Writers say it differently: OSError ENOSPC (json, open().write, shutil), sqlite's SQLITE_FULL "database or disk
+    is full", safetensors' "StorageFull"; torch.save only says "file write failed", so a failed write counts as
+    a full disk when the disk of ``out_dir`` is (nearly) full too."""
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    for link in chain:
+        if isinstance(link, OSError) and link.errno in (errno.ENOSPC, errno.EDQUOT):
+            return link
+        if isinstance(link, sqlite3.Error) and getattr(link, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            return link
+        if any(text in str(link) for text in ("No space left on device", "StorageFull", "database or disk is full")):
+            return link
+    for link in chain:
+        if isinstance(link, (OSError, RuntimeError)) and "writ" in str(link).lower() and _free_bytes(out_dir) < FULL_BELOW:
+            return link
+    return None
+
+
+def _free_bytes(path: Path) -> int:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 1 << 62
+
+
+def _disk_full_message(out_dir: Path, recipe: Recipe, cause: BaseException, removed: bool) -> str:
+    summary = f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0][:300]}"
+    free = f"{_free_bytes(out_dir) / 2**20:.1f} MiB free"
+    if removed:
+        return (f"the disk holding {out_dir} is full ({free}; {summary}). No step was stored, so the run directory "
+                "was removed; free some space and run the same command again.")
+    step, path = _committed_step(out_dir)
+    size = _tree_bytes(out_dir / path) if path else 0
+    need = f" (each checkpoint takes about {size / 2**20:.0f} MiB)" if size else ""
+    return (f"the disk holding {out_dir} is full ({free}; {summary}). The run stopped; step {step} of "
+            f"{recipe.grpo.steps} is its last committed step. Free some space{need}, then run the same command "
+            f"again: it resumes after step {step}.")
+
+
+def _committed_step(out_dir: Path) -> tuple[int, str | None]:
+    """The last committed step and its checkpoint's path, read without writing (the disk may be full)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{out_dir / 'seal.db'}?mode=ro", uri=True)) as db:
+            row = db.execute("select step, path from checkpoints order by step desc limit 1").fetchone()
+    except sqlite3.Error:
+        return 0, None
+    return (row[0], row[1]) if row else (0, None)
+
+
+def _stored_steps(out_dir: Path) -> int | None:
+    """How many step rows the run's store holds (None: unknown), read without writing."""
+    if not (out_dir / "seal.db").exists():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{out_dir / 'seal.db'}?mode=ro", uri=True)) as db:
+            if not db.execute("select count(*) from sqlite_master where name = 'steps'").fetchone()[0]:
+                return 0
+            return db.execute("select count(*) from steps").fetchone()[0]
+    except sqlite3.Error:
+        return None
+
+
+def _remove_created(out_dir: Path, created: Path) -> None:
+    """Remove the run directory, then its parents up to ``created`` while they are empty (another run may have
+    put its own directory beside this one meanwhile)."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    for parent in out_dir.parents:
+        if not parent.is_relative_to(created):
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(file.stat().st_size for file in path.rglob("*") if file.is_file()) if path.is_dir() else 0
+
+
 def recipe_differences(stored: dict, current: dict, prefix: str = "") -> list[str]:
     """Dotted names of the fields whose values differ between two resolved recipes."""
     names = []
@@ -568,7 +655,19 @@ def _resume_point(store: Store, out_dir: Path, updates: int) -> dict | None:
     for directory in (out_dir / "checkpoints").glob("checkpoint-*"):
         if int(directory.name.rsplit("-", 1)[1]) > step * updates:  # written by a step that did not commit
             shutil.rmtree(directory)
+    for directory in (out_dir / "checkpoints").glob(".removing-*"):  # a pruning that was interrupted
+        shutil.rmtree(directory)
     return checkpoint
+
+
+def _prune_checkpoints(directory: Path, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints, once the newest is committed (transformers' own rotation runs before
+    the commit, and could delete the last committed checkpoint of a run killed in between). A checkpoint is
+    renamed before it is deleted, so a kill mid-deletion never leaves a half checkpoint under its own name."""
+    checkpoints = sorted(directory.glob("checkpoint-*"), key=lambda path: int(path.name.rsplit("-", 1)[1]))
+    for old in checkpoints[:-keep]:
+        doomed = old.rename(old.with_name(f".removing-{old.name}"))
+        shutil.rmtree(doomed)
 
 
 def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> RunSummary:
@@ -577,9 +676,13 @@ def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> Run
     If ``out_dir`` already holds an unfinished run of the same recipe, it resumes from its last committed step:
     the policy, optimizer, RNG and loop state come back from that step's checkpoint, and the rows of any step
     after it are removed first, so every step is in the store exactly once.
+
+    A run that stops before it stored any step removes the directory it created: nothing is left to resume.
+    A full disk stops it with ``DiskFullError``, whose message says what is committed and how to resume.
     """
     started = time.time()
     out_dir = Path(out_dir)
+    created = next((path for path in reversed((out_dir, *out_dir.parents)) if not path.exists()), None)
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(out_dir / "run.lock")  # an OS lock: a killed process releases it
     try:
@@ -587,9 +690,18 @@ def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> Run
     except Timeout:
         raise RunMismatchError(f"another seal-lite process is running {out_dir}; wait for it or stop it") from None
     try:
-        return _run(recipe, out_dir, progress, started)
-    finally:
+        summary = _run(recipe, out_dir, progress, started)
+    except BaseException as error:
         lock.release()
+        removed = created is not None and _stored_steps(out_dir) == 0
+        if removed:
+            _remove_created(out_dir, created)
+        cause = disk_full(error, out_dir) if isinstance(error, Exception) else None
+        if cause is not None:
+            raise DiskFullError(_disk_full_message(out_dir, recipe, cause, removed)) from error
+        raise
+    lock.release()
+    return summary
 
 
 def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> RunSummary:
@@ -630,6 +742,7 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
 
             def commit(step: int, directory: str) -> None:
                 store.commit_checkpoint(step, str(Path(directory).relative_to(out_dir)), seal_step.state())
+                _prune_checkpoints(out_dir / "checkpoints", recipe.grpo.keep_checkpoints)
 
             trainer = build_trainer(policy, recipe, task_ids, seal_step, str(out_dir / "checkpoints"),
                                     callbacks=[StoreCallback(store, updates, seal_step), CheckpointCallback(commit, updates)])
@@ -640,7 +753,8 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
                 trainer.train(resume_from_checkpoint=str(out_dir / checkpoint["path"]) if checkpoint else None)
         trainer.save_model(str(out_dir / "adapter"))
     except BaseException:
-        store.finish_run(recipe.name, "failed", time.time() - started)
+        with contextlib.suppress(sqlite3.Error, OSError):  # a full disk refuses this too; "running" resumes the same
+            store.finish_run(recipe.name, "failed", time.time() - started)
         raise
     wall = time.time() - started
     store.finish_run(recipe.name, "finished", wall)

@@ -2,7 +2,9 @@
 
 The field defaults *are* the CPU quickstart (``recipes/quickstart.yaml`` restates them), so ``seal-lite run``
 with no recipe runs it. Every field carries its help once, in ``description``. Loading a file turns every
-validation problem into one ``RecipeError`` line naming the field, the reason and a fix.
+validation problem into one ``RecipeError`` line naming the field, the reason and a fix, all problems at once.
+With ``check=True`` (``seal-lite run`` and ``seal-lite recipe``) the recipe is also checked against this machine
+(seal_lite/preflight.py): the models, task ids and backends it names must exist here.
 """
 
 from __future__ import annotations
@@ -11,13 +13,32 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from seal_lite import preflight
 from seal_lite.diagnosis.labels import BASE_UTILITY
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _checking(info: ValidationInfo) -> bool:
+    """Whether this validation also checks the recipe against the machine (``load_recipe(..., check=True)``)."""
+    return bool(info.context and info.context.get("check"))
+
+
+def _refuse(problems: list[preflight.Problem]) -> None:
+    if problems:
+        raise _FieldErrors([_FieldError(*problem) for problem in problems])
 
 
 class PolicyConfig(_Section):
@@ -45,6 +66,12 @@ class PolicyConfig(_Section):
         None, description="Recompute activations in the backward pass to fit long trajectories (None: on with a GPU)."
     )
 
+    @model_validator(mode="after")
+    def _here(self, info: ValidationInfo) -> PolicyConfig:
+        if _checking(info):
+            _refuse(preflight.policy_problems(self))
+        return self
+
 
 class DataConfig(_Section):
     split: Literal["train", "eval"] = Field("train", description="Which SEAL split (data/*_ids.txt) to draw tasks from.")
@@ -63,6 +90,15 @@ class DataConfig(_Section):
         "(pass rate strictly between 0 and 1). Stored in the run's screen table, so a resumed run does not repeat it. "
         "None: train on the whole slice.",
     )
+
+    @model_validator(mode="after")
+    def _here(self, info: ValidationInfo) -> DataConfig:
+        if self.task_ids == []:
+            _refuse([("data.task_ids", [], "an empty list selects no task; name BFCL ids such as multi_turn_base_0, "
+                      "or remove the field to draw from data.split")])
+        if _checking(info):
+            _refuse(preflight.data_problems(self))
+        return self
 
 
 class RolloutConfig(_Section):
@@ -157,6 +193,19 @@ class DiagnoserConfig(_Section):
     def _yaml_off(cls, value):
         return "off" if value is False else value  # YAML reads a bare `off` as false
 
+    @model_validator(mode="after")
+    def _here(self, info: ValidationInfo) -> DiagnoserConfig:
+        problems = []
+        if self.mode == "url" and self.url and (problem := preflight.url_problem(self.url)):
+            problems.append(("diagnoser.url", self.url, problem))
+        if self.max_tokens >= self.n_ctx:
+            problems.append(("diagnoser.max_tokens", self.max_tokens, f"the answer must fit the context "
+                             f"(diagnoser.n_ctx = {self.n_ctx}) beside the prompt; use 256"))
+        if _checking(info):
+            problems += preflight.diagnoser_problems(self)
+        _refuse(problems)
+        return self
+
 
 class GRPOConfig(_Section):
     steps: int = Field(2, ge=1, description="Number of SEAL steps (policy updates).")
@@ -219,7 +268,7 @@ class GRPOConfig(_Section):
 
 class Recipe(_Section):
     name: str = Field("quickstart", description="Run name; the default output directory is runs/<name>.")
-    seed: int = Field(0, description="Seed for task sampling, generation and training.")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed for task sampling, generation and training.")
     output_dir: str | None = Field(None, description="Where the run's store lives; default runs/<name>.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -228,42 +277,52 @@ class Recipe(_Section):
     diagnoser: DiagnoserConfig = Field(default_factory=DiagnoserConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
 
+    @field_validator("name")
+    @classmethod
+    def _one_directory(cls, value: str) -> str:
+        if not value.strip() or value in (".", "..") or any(sep in value for sep in "/\\"):
+            raise ValueError("a run name is one directory name (the run goes to runs/<name>); use letters, digits, "
+                             "'-' or '_', and --out or output_dir to choose where it goes")
+        return value
+
     @model_validator(mode="after")
-    def _check(self) -> Recipe:
+    def _check(self, info: ValidationInfo) -> Recipe:
+        problems = []
         if self.rollout.num_generations < 2:
-            raise _FieldError(
-                "rollout.num_generations",
-                self.rollout.num_generations,
-                "GRPO needs at least 2 samples per task to compare them; set it to 4",
-            )
+            problems.append(("rollout.num_generations", self.rollout.num_generations,
+                             "GRPO needs at least 2 samples per task to compare them; set it to 4"))
         if self.data.task_ids is None and self.grpo.tasks_per_step > self.data.num_tasks:
-            raise _FieldError(
-                "grpo.tasks_per_step",
-                self.grpo.tasks_per_step,
-                f"a step cannot sample more tasks than data.num_tasks ({self.data.num_tasks}); "
-                f"lower it or raise data.num_tasks",
-            )
+            problems.append(("grpo.tasks_per_step", self.grpo.tasks_per_step,
+                             f"a step cannot sample more tasks than data.num_tasks ({self.data.num_tasks}); "
+                             f"lower it or raise data.num_tasks"))
+        if self.data.task_ids and self.grpo.tasks_per_step > len(self.data.task_ids):
+            problems.append(("grpo.tasks_per_step", self.grpo.tasks_per_step,
+                             f"a step cannot sample more tasks than data.task_ids names ({len(self.data.task_ids)}); "
+                             f"lower it or name more ids"))
         generation_batch = self.grpo.tasks_per_step * self.rollout.num_generations
-        if generation_batch % self.grpo.mini_batches:
-            raise _FieldError("grpo.mini_batches", self.grpo.mini_batches,
-                              f"it must divide tasks_per_step x num_generations ({generation_batch}); "
-                              f"use a divisor such as {max(d for d in (1, 2, 4) if generation_batch % d == 0)}")
-        if self.grpo.dual_clip is not None and self.grpo.dual_clip <= 1 + self.grpo.epsilon:
-            raise _FieldError("grpo.dual_clip", self.grpo.dual_clip, f"it must exceed 1 + grpo.epsilon "
-                              f"({1 + self.grpo.epsilon}) to cap only what PPO's clip leaves; the paper uses 10")
         mini_batch, micro = generation_batch // self.grpo.mini_batches, self.grpo.micro_batch_size
-        if micro is not None and mini_batch % micro:
-            raise _FieldError("grpo.micro_batch_size", micro, f"it must divide the mini-batch ({mini_batch} "
-                              "trajectories: tasks_per_step x num_generations / mini_batches); use 1")
-        if micro is not None and self.grpo.loss_type == "bnpo" and micro != mini_batch:
-            raise _FieldError("grpo.micro_batch_size", micro, f"bnpo's token mean is taken per micro-batch, so it "
-                              f"must be the whole mini-batch ({mini_batch}); leave it unset or use loss_type dapo")
+        if generation_batch % self.grpo.mini_batches:
+            problems.append(("grpo.mini_batches", self.grpo.mini_batches,
+                             f"it must divide tasks_per_step x num_generations ({generation_batch}); "
+                             f"use a divisor such as {max(d for d in (1, 2, 4) if generation_batch % d == 0)}"))
+        elif micro is not None and mini_batch % micro:
+            problems.append(("grpo.micro_batch_size", micro, f"it must divide the mini-batch ({mini_batch} "
+                             "trajectories: tasks_per_step x num_generations / mini_batches); use 1"))
+        elif micro is not None and self.grpo.loss_type == "bnpo" and micro != mini_batch:
+            problems.append(("grpo.micro_batch_size", micro, f"bnpo's token mean is taken per micro-batch, so it "
+                             f"must be the whole mini-batch ({mini_batch}); leave it unset or use loss_type dapo"))
+        if self.grpo.dual_clip is not None and self.grpo.dual_clip <= 1 + self.grpo.epsilon:
+            problems.append(("grpo.dual_clip", self.grpo.dual_clip, f"it must exceed 1 + grpo.epsilon "
+                             f"({1 + self.grpo.epsilon}) to cap only what PPO's clip leaves; the paper uses 10"))
         if self.interface.hints == "llm" and self.diagnoser.mode == "off":
-            raise _FieldError("interface.hints", "llm", "hints from the diagnoser need it on; set diagnoser.mode "
-                              "to in_process (or server/url), or use interface.hints template")
+            problems.append(("interface.hints", "llm", "hints from the diagnoser need it on; set diagnoser.mode "
+                             "to in_process (or server/url), or use interface.hints template"))
         if self.diagnoser.mode == "url" and not self.diagnoser.url:
-            raise _FieldError("diagnoser.url", None, "diagnoser.mode url needs the server's base URL; set diagnoser.url "
-                              "(e.g. http://127.0.0.1:8000) or use mode server to let seal-lite start one")
+            problems.append(("diagnoser.url", None, "diagnoser.mode url needs the server's base URL; set "
+                             "diagnoser.url (e.g. http://127.0.0.1:8000) or use mode server to let seal-lite start one"))
+        if _checking(info):
+            problems += preflight.recipe_problems(self)
+        _refuse(problems)
         return self
 
     def micro_batch(self) -> int:
@@ -295,8 +354,19 @@ class _FieldError(ValueError):
         self.field, self.value, self.message = field, value, message
 
 
-def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -> Recipe:
-    """Defaults < recipe file < ``overrides`` (dotted keys, e.g. ``{"grpo.steps": 1}``)."""
+class _FieldErrors(ValueError):
+    """Several problems found by one validator, reported one line each."""
+
+    def __init__(self, errors: list[_FieldError]):
+        super().__init__("; ".join(error.message for error in errors))
+        self.errors = errors
+
+
+def load_recipe(path: str | Path | None = None, overrides: dict | None = None, check: bool = False) -> Recipe:
+    """Defaults < recipe file < ``overrides`` (dotted keys, e.g. ``{"grpo.steps": 1}``).
+
+    ``check``: also check what the recipe names against this machine (seal_lite/preflight.py): installed models,
+    existing paths and task ids, usable backends. Nothing is loaded or written either way."""
     source = str(path) if path else "default recipe"
     data: dict = {}
     if path is not None:
@@ -315,7 +385,7 @@ def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -
             node = node.setdefault(key, {})
         node[leaf] = value
     try:
-        return Recipe.model_validate(data)
+        return Recipe.model_validate(data, context={"check": check})
     except ValidationError as error:
         raise RecipeError(_explain(source, error)) from None
 
@@ -324,11 +394,13 @@ def _explain(source: str, error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         context = item.get("ctx", {}).get("error")
-        if isinstance(context, _FieldError):
-            lines.append(f"{source}: {context.field} = {context.value!r}: {context.message}")
+        if isinstance(context, (_FieldError, _FieldErrors)):
+            for problem in context.errors if isinstance(context, _FieldErrors) else [context]:
+                lines.append(f"{source}: {problem.field} = {problem.value!r}: {problem.message}")
             continue
         field = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        lines.append(f"{source}: {field}: {item['msg']}{_fix_for(item)}")
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{source}: {field}: {message}{_fix_for(item)}")
     return "\n".join(lines)
 
 

@@ -88,7 +88,7 @@ def test_small_real_run_prints_what_the_store_holds(tmp_path):
     command = [sys.executable, "-m", "seal_lite", "run", "--out", str(out)]
     for setting in settings:
         command += ["--set", setting]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1800,
                             env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr[-3000:]
     text = result.stdout
@@ -126,14 +126,14 @@ def test_small_real_run_prints_what_the_store_holds(tmp_path):
 
     # the trained policy next to the base model on a held-out task; results are stored with the run
     evaluated = subprocess.run([sys.executable, "-m", "seal_lite", "eval", str(out), "--base", "--split",
-                                "multi_turn_base_1"], capture_output=True, text=True, timeout=600, check=False,
+                                "multi_turn_base_1"], capture_output=True, text=True, timeout=1800, check=False,
                                env={**os.environ, "COLUMNS": "200"})
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert "base" in evaluated.stdout and "step 1" in evaluated.stdout
     stored = {(row["model"], row["task_id"]) for row in db["evaluations"].rows}
     assert stored == {("base", "multi_turn_base_1"), ("step 1", "multi_turn_base_1")}
     missing = subprocess.run([sys.executable, "-m", "seal_lite", "eval", str(out), "--step", "7"],
-                             capture_output=True, text=True, timeout=120, check=False)
+                             capture_output=True, text=True, timeout=900, check=False)  # a hang guard
     assert missing.returncode == 1 and "keeps checkpoints of steps [1], not 7" in missing.stderr
 
 

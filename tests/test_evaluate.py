@@ -37,7 +37,7 @@ def test_eval_command_is_greedy_and_repeatable(tmp_path):
         path = tmp_path / f"eval{attempt}.json"
         command = [sys.executable, "-m", "seal_lite", "eval", "smollm2-135m", "--split", "multi_turn_base_1",
                    "--set", "rollout.max_turns=2", "--json", str(path)]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
         assert result.returncode == 0, result.stderr[-2000:]
         assert "official verdict accuracy" in result.stdout
         outputs.append(json.loads(path.read_text()))
@@ -52,10 +52,10 @@ def test_the_signatures_view_is_only_used_when_asked_and_is_marked(tmp_path):
     command = [sys.executable, "-m", "seal_lite", "eval", "smollm2-135m", "--split", "multi_turn_base_1",
                "--set", "rollout.max_turns=1", "--set", "rollout.max_model_calls=2",
                "--set", "interface.tool_format=signatures", "--json", str(path)]
-    official = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    official = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
     assert official.returncode == 0, official.stderr[-2000:]
     assert list(json.loads(path.read_text())["summary"]) == ["base"]  # the recipe's tool format does not reach eval
-    marked = subprocess.run(command + ["--view", "signatures"], capture_output=True, text=True, timeout=600,
+    marked = subprocess.run(command + ["--view", "signatures"], capture_output=True, text=True, timeout=1800,
                             check=False)
     assert marked.returncode == 0, marked.stderr[-2000:]
     assert "not the BFCL view" in marked.stderr  # and in the stored label below (the table may abbreviate it)

