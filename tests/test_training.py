@@ -10,7 +10,7 @@ from seal_lite.envs.bfcl import load_tasks
 from seal_lite.loop import SealStep
 from seal_lite.recipe import load_recipe
 from seal_lite.store import Store
-from seal_lite.training import grpo
+from seal_lite.training import grpo, shared_prefix
 from seal_lite.training.policy import load_policy
 
 
@@ -151,8 +151,9 @@ def _two_step_lora(tmp_path, tiny_model_dir, beta: float, signal_first: bool, sk
     trainer = grpo.build_trainer(policy, recipe, [task.id], seal_step, str(tmp_path / "trl"),
                                  callbacks=[grpo.StoreCallback(store, updates=1)])
     trainer.skip_without_signal = skip
-    forwards = []
-    trainer.model.register_forward_hook(lambda *_: forwards.append(seal_step.step))
+    forwards = []  # the decoder runs in every scoring pass, TRL's (through the model) and the shared-prefix one
+    decoder, _ = shared_prefix.decoder_and_head(trainer.model)
+    decoder.register_forward_hook(lambda *_: forwards.append(seal_step.step))
     trainer.train()
     lora = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
     return lora, [forwards.count(1), forwards.count(2)], [flag for _, flag in store.metrics("grpo/update_skipped")]
@@ -235,11 +236,15 @@ def test_one_trajectory_per_micro_batch_trains_exactly_like_whole_mini_batches(t
             torch.testing.assert_close(after[name], before[name], rtol=0, atol=2e-4 * scale + 1e-10, msg=name)
 
 
-def test_micro_batch_size_defaults_to_one_trajectory_and_must_divide_the_mini_batch():
+def test_micro_batch_size_defaults_to_one_group_and_must_divide_the_mini_batch():
     from seal_lite.recipe import RecipeError
 
     base = {"grpo.tasks_per_step": 2, "rollout.num_generations": 4, "grpo.mini_batches": 2}  # mini-batches of 4
-    assert load_recipe(None, base).micro_batch() == 1
+    assert load_recipe(None, base).micro_batch() == 4  # one group: its prompt is computed once
+    assert load_recipe(None, base).micro_batch(shared_prefix=False) == 1  # e.g. Unsloth: one trajectory
+    assert load_recipe(None, base | {"grpo.shared_prefix": False}).micro_batch() == 1
+    assert load_recipe(None, base | {"grpo.mini_batches": 4}).micro_batch() == 2  # half a group per mini-batch
+    assert load_recipe(None, {**base, "grpo.tasks_per_step": 3, "grpo.mini_batches": 2}).micro_batch() == 2
     assert load_recipe(None, base | {"grpo.micro_batch_size": 2}).micro_batch() == 2
     assert load_recipe(None, base | {"grpo.loss_type": "bnpo"}).micro_batch() == 4  # bnpo: its token mean
     with pytest.raises(RecipeError, match=r"grpo.micro_batch_size = 3: it must divide the mini-batch \(4"):
