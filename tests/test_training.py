@@ -179,13 +179,14 @@ def test_a_step_without_learning_signal_skips_the_model_but_not_the_optimizer(tm
         assert torch.allclose(skipped[name], full[name], rtol=0, atol=1e-7), name
 
 
-def _train_recording(tmp_path, model_dir, loss_type: str, micro: int):
+def _train_recording(tmp_path, model_dir, loss_type: str, micro: int | None, **settings):
     """One SEAL step over a real two-turn BFCL task (4 scripted episodes: model tokens, tool results and user turns
     in every completion), 2 mini-batches x 2 PPO epochs = 4 optimizer steps, micro-batches of ``micro``
-    trajectories. Returns (optimizer steps, TRL's config, loss per step, LoRA gradients per step)."""
+    trajectories, other recipe ``settings`` by dotted name. Returns (optimizer steps, TRL's config, loss per step,
+    LoRA gradients per step, tokens through the decoder)."""
     from transformers import TrainerCallback
 
-    recipe = load_recipe(None, {
+    recipe = load_recipe(None, settings | {
         "interface.tool_format": "signatures",  # short prompts: these test the update
         "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.mini_batches": 2,
         "grpo.num_iterations": 2, "grpo.micro_batch_size": micro, "grpo.loss_type": loss_type, "grpo.beta": 0.04,
@@ -209,9 +210,13 @@ def _train_recording(tmp_path, model_dir, loss_type: str, micro: int):
     trainer = grpo.build_trainer(policy, recipe, [task.id], step, str(tmp_path / "trl"), callbacks=[Gradients()])
     trainer.args.logging_steps = 1  # the loss of every optimizer step
     trainer.args.save_strategy = "no"
+    tokens = []
+    decoder, _ = shared_prefix.decoder_and_head(trainer.model)
+    decoder.register_forward_pre_hook(lambda _, args, kwargs: tokens.append(kwargs["input_ids"].numel()),
+                                      with_kwargs=True)
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    return trainer.state.global_step, trainer.args, losses, grads
+    return trainer.state.global_step, trainer.args, losses, grads, sum(tokens)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])  # dapo: batch-token normaliser; grpo: per sequence
@@ -221,7 +226,7 @@ def test_one_trajectory_per_micro_batch_trains_exactly_like_whole_mini_batches(t
     whole = _train_recording(tmp_path / "whole", tiny_model_dir, loss_type, micro=2)
     single = _train_recording(tmp_path / "single", tiny_model_dir, loss_type, micro=1)
     # (the gradients of steps 2-4 are taken at the weights the earlier steps left, so those agree as well)
-    (steps, args, losses, grads), (steps_1, args_1, losses_1, grads_1) = whole, single
+    (steps, args, losses, grads, _), (steps_1, args_1, losses_1, grads_1, _) = whole, single
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (2, 1)
     assert (args_1.per_device_train_batch_size, args_1.gradient_accumulation_steps) == (1, 2)
     assert steps == steps_1 == 4 and len(grads) == len(grads_1) == 4
@@ -234,6 +239,36 @@ def test_one_trajectory_per_micro_batch_trains_exactly_like_whole_mini_batches(t
             # weights an lr-1e-2 Adam step left (measured: at most 6e-5 of the largest entry)
             scale = before[name].abs().max().item()
             torch.testing.assert_close(after[name], before[name], rtol=0, atol=2e-4 * scale + 1e-10, msg=name)
+
+
+def assert_same_training(expected, actual, tolerance: float = 2e-4):
+    """The same optimizer steps, losses and LoRA gradients per step, to ``tolerance`` of each tensor's scale."""
+    (steps, _, losses, grads, _), (steps_1, _, losses_1, grads_1, _) = expected, actual
+    assert steps == steps_1 == 4 and len(grads) == len(grads_1) == 4
+    assert losses_1 == pytest.approx(losses, rel=1e-5, abs=1e-7)
+    assert any(abs(loss) > 1e-4 for loss in losses)  # a real learning signal, not zeros compared with zeros
+    for before, after in zip(grads, grads_1, strict=True):
+        assert any(g.abs().max() > 0 for g in before.values())
+        for name in before:
+            scale = before[name].abs().max().item()
+            torch.testing.assert_close(after[name], before[name], rtol=0, atol=tolerance * scale + 1e-10, msg=name)
+
+
+@pytest.mark.parametrize(("backend", "checkpointing"), [("peft", False), ("peft", True), ("peft-4bit", False)])
+def test_shared_prefix_trains_exactly_like_one_pass_per_trajectory(tmp_path, tiny_model_dir, backend, checkpointing):
+    """Whole training steps with shared-prefix scoring against TRL's pass per trajectory: 2 mini-batches x 2 PPO
+    epochs (so TRL's old-log-prob pass runs, and the ratios leave 1 from step 2 on), KL against the reference
+    (adapter disabled), gradient accumulation over micro-batches, with and without gradient checkpointing, on
+    fp32 LoRA and on bitsandbytes NF4 layers: the same losses and LoRA gradients at every optimizer step, while
+    the decoder reads far fewer tokens."""
+    settings = {"policy.backend": backend, "policy.gradient_checkpointing": checkpointing}
+    shared = _train_recording(tmp_path / "shared", tiny_model_dir, "grpo", micro=None, **settings)
+    per_trajectory = _train_recording(tmp_path / "unshared", tiny_model_dir, "grpo", micro=None,
+                                      **settings | {"grpo.shared_prefix": False})
+    assert (shared[1].per_device_train_batch_size, per_trajectory[1].per_device_train_batch_size) == (2, 1)
+    assert shared[1].gradient_checkpointing == checkpointing
+    assert_same_training(per_trajectory, shared)
+    assert shared[4] < 0.75 * per_trajectory[4]  # each micro-batch of 2 reads its prompt once
 
 
 def test_micro_batch_size_defaults_to_one_group_and_must_divide_the_mini_batch():

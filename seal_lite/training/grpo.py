@@ -11,9 +11,16 @@ How SEAL plugs into GRPOTrainer, through its extension points:
 * the reward function only hands TRL the official verdict the loop already computed, for TRL's logging.
 
 Batching: each SEAL step's tasks x G trajectories are split into ``grpo.mini_batches`` mini-batches (one optimizer
-step each), and each mini-batch into micro-batches of ``micro_batch_size`` trajectories (default one), whose
-gradients accumulate: memory no longer grows with the batch, while the optimizer steps, the loss and its gradient
-stay those of the whole mini-batch (TRL divides by the accumulation steps; dapo by the batch's token count).
+step each), and each mini-batch into micro-batches of ``micro_batch_size`` trajectories, whose gradients accumulate:
+the optimizer steps, the loss and its gradient stay those of the whole mini-batch (TRL divides by the accumulation
+steps; dapo by the batch's token count). The rollout batch is shuffled by whole groups (TRL shuffles rows), so a
+micro-batch holds one group, or part of one, by default.
+
+Scoring (``_get_per_token_logps_and_entropies``, used by TRL's loss, its old-log-prob pass and its reference pass
+with the adapter disabled): with ``grpo.shared_prefix`` each micro-batch's rows that share a prompt are scored
+with that prefix computed once (``shared_prefix.py``): the same log-probs and gradients as TRL's pass per
+trajectory, and logits only at the loss tokens. TRL's loss code is unchanged. Unsloth's backend keeps its own
+(chunked) log-prob path, which this does not enter.
 """
 
 from __future__ import annotations
@@ -131,9 +138,9 @@ class SealGRPOTrainer(GRPOTrainer):
         return output
 
     def _prepare_inputs(self, generation_batch):
-        """TRL's, except that the rollout batch is shuffled group by group instead of row by row, so a
-        micro-batch holds whole groups (or part of one) whose prompt is computed once."""
-        if not self.shared_prefix or not self.model.training:
+        """TRL's, except that the rollout batch is shuffled group by group (and within each group) instead of row
+        by row, so a micro-batch holds one group, or part of one, whose prompt is then computed once."""
+        if not self.model.training:
             return super()._prepare_inputs(generation_batch)
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self._step % generate_every == 0 or self._buffered_inputs is None:
@@ -222,9 +229,11 @@ class SealGRPOTrainer(GRPOTrainer):
 
 
 def shuffle_groups(batch: dict, group: int) -> dict:
-    """Shuffle a rollout batch (TRL's dict of per-row tensors and lists) by whole groups of ``group`` rows."""
-    rows = len(batch["prompt_ids"])
-    order = (torch.randperm(rows // group)[:, None] * group + torch.arange(group)).flatten()
+    """Shuffle a rollout batch (TRL's dict of per-row tensors and lists) keeping its groups of ``group`` rows
+    together: the groups in a random order, and the rows of each in a random order."""
+    groups = len(batch["prompt_ids"]) // group
+    within = torch.stack([torch.randperm(group) for _ in range(groups)])
+    order = (torch.randperm(groups)[:, None] * group + within).flatten()
 
     def permute(value):
         if isinstance(value, torch.Tensor):

@@ -14,12 +14,13 @@ The result is the same function of the weights as one forward pass per trajector
 [prefix; suffix] with the suffix at positions s, s + 1, ...), so the log-probabilities and every gradient are
 the same up to float summation order; ``tests/test_grpo_reference.py`` checks it. Nothing is detached.
 
-Memory. The prefix's activations are kept once (as one trajectory's would be). A suffix is recomputed in the
-backward pass rather than kept: without the model's gradient checkpointing, each suffix's forward (and its
-log-probs) is one checkpointed function, so the backward holds one suffix at a time; with it, the decoder layers
-checkpoint themselves (the cache is read-only, so replaying a layer reads the same keys and values:
-``_can_checkpoint_with_cache``), and the LM head and log-softmax are checkpointed per chunk of positions. Either
-way no vocabulary-wide logits outlive their chunk.
+Memory: the prefix's graph once (as one trajectory's would be) and one suffix's at a time. Each suffix's forward
+pass and log-probs are one checkpointed function, recomputed in the backward pass (one extra forward pass over
+the suffix tokens), so the backward holds one suffix at a time; with the model's gradient checkpointing, the
+decoder layers also checkpoint themselves inside it (the cache is read-only, so a replayed layer reads the same
+keys and values: ``_can_checkpoint_with_cache``; nested non-reentrant checkpoints), and the LM head and
+log-softmax are checkpointed per chunk of positions, so no vocabulary-wide logits outlive their chunk. Memory
+thus stays what one trajectory per micro-batch needs, whatever G.
 
 Model support: decoder-only models whose attention layers read the cache through ``past_key_values.update`` and
 use full (not sliding-window) attention, without logit soft-capping: Llama, Qwen2, SmolLM2 and the like.
@@ -113,13 +114,17 @@ def cache_through_checkpointing(model):
     """Let gradient-checkpointed decoder layers keep the cache (transformers drops it by default, because a
     replayed layer would append to a cache twice; ``PrefixLayer`` is read-only, so the replay is exact)."""
     layers = [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
+    before = [layer.__dict__.get("_can_checkpoint_with_cache") for layer in layers]  # None: the class's default
     for layer in layers:
         layer._can_checkpoint_with_cache = True
     try:
         yield
     finally:
-        for layer in layers:
-            del layer._can_checkpoint_with_cache
+        for layer, value in zip(layers, before, strict=True):
+            if value is None:
+                del layer._can_checkpoint_with_cache
+            else:
+                layer._can_checkpoint_with_cache = value
 
 
 def head_logps(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool,
@@ -211,11 +216,13 @@ def score_completions(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 
                 def suffix_logps(suffix=suffix, local=local, prefix=prefix, recompute_head=layer_checkpointing):
                     cache = prefix_cache(layers, prefix) if prefix is not None else None
-                    hidden = decoder(input_ids=suffix[None], past_key_values=cache, use_cache=False).last_hidden_state
+                    with cache_through_checkpointing(model):  # also when the backward pass replays this
+                        hidden = decoder(input_ids=suffix[None], past_key_values=cache, use_cache=False)
+                    hidden = hidden.last_hidden_state
                     return head_logps(head, hidden[0, local], suffix[local + 1], temperature, entropy, entropy_grad,
                                       recompute=recompute_head)
 
-                if grad and not layer_checkpointing:  # the suffix is recomputed in the backward pass, not kept
+                if grad:  # the suffix is recomputed in the backward pass: one suffix's graph at a time
                     logp, ent = checkpoint(suffix_logps, use_reentrant=False)
                 else:
                     logp, ent = suffix_logps()
