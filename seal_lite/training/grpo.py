@@ -9,12 +9,14 @@ How SEAL plugs into GRPOTrainer, through its extension points:
   normalisation (std + 1e-4) is replaced by the SEAL advantages the loop computed, A_j = (r_j - mean) /
   (std + 1e-6) times the diagnosis weight w_j (SEAL_METHOD.md §2 steps 7-8).
 * the reward function only hands TRL the official verdict the loop already computed, for TRL's logging.
+* llama.cpp rollouts: the tokens whose log-probs the two engines disagree on leave the loss; the trained side
+  is the update's own log-probs (``compute_loss`` on-policy, TRL's old log-probs otherwise), never a pass of its own.
 
 Batching: each SEAL step's tasks x G trajectories are split into ``grpo.mini_batches`` mini-batches (one optimizer
 step each), and each mini-batch into micro-batches of ``micro_batch_size`` trajectories, whose gradients accumulate:
 the optimizer steps, the loss and its gradient stay those of the whole mini-batch (TRL divides by the accumulation
-steps; dapo by the batch's token count). The rollout batch is shuffled by whole groups (TRL shuffles rows), so a
-micro-batch holds one group, or part of one, by default.
+steps; dapo by the batch's token count). The rollout batch is shuffled by whole groups (TRL shuffles rows; so
+does Unsloth's trainer, left as it is), so a micro-batch holds one group, or part of one, by default.
 
 Scoring (``_get_per_token_logps_and_entropies``, used by TRL's loss, its old-log-prob pass and its reference pass
 with the adapter disabled): with ``grpo.shared_prefix`` each micro-batch's rows that share a prompt are scored
@@ -102,6 +104,7 @@ class SealGRPOTrainer(GRPOTrainer):
     max_logprob_gap: float = 1.0
     skip_without_signal: bool = True
     shared_prefix: bool = False  # build_trainer sets it from grpo.shared_prefix where the backend and model allow
+    group_batches: bool = False  # shuffle the rollout batch by groups (build_trainer: every backend but Unsloth's)
     _loss_positions: torch.Tensor | None = None  # (B, width): the tokens that carry loss in the rows being scored
     _scoring_rollouts: bool = False  # TRL's old/ref passes over the whole rollout batch: its env_mask says which
     _precomputed: tuple | None = None  # log-probs compute_loss already scored for the engine comparison
@@ -139,8 +142,9 @@ class SealGRPOTrainer(GRPOTrainer):
 
     def _prepare_inputs(self, generation_batch):
         """TRL's, except that the rollout batch is shuffled group by group (and within each group) instead of row
-        by row, so a micro-batch holds one group, or part of one, whose prompt is then computed once."""
-        if not self.model.training:
+        by row, so a micro-batch holds one group, or part of one, whose prompt is then computed once. Unsloth's
+        trainer keeps its own."""
+        if not self.group_batches or not self.model.training:
             return super()._prepare_inputs(generation_batch)
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self._step % generate_every == 0 or self._buffered_inputs is None:
@@ -315,4 +319,5 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
     keep_trainable_fp32(trainer.model)  # undoes trl's bf16 cast of LoRA weights on 4-bit models
     trainer.max_logprob_gap = recipe.rollout.max_logprob_gap
     trainer.shared_prefix = shared_prefix
+    trainer.group_batches = policy.backend != "unsloth"
     return trainer
