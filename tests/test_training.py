@@ -103,35 +103,60 @@ def test_mini_batches_and_ppo_epochs_map_onto_seal_steps(tmp_path, tiny_model_di
     assert json.loads(rows[-1]["seal_state"])["step"] == 2
 
 
-@pytest.mark.parametrize(("max_gap", "filtered"), [(1.0, 1.0), (100.0, 0.0)])
-def test_tokens_the_two_engines_disagree_on_carry_no_loss(tmp_path, tiny_model_dir, max_gap, filtered):
-    """A rollout engine claiming log-prob 0 for every token disagrees with a random model (about -10.8) by far
-    more than 1 nat: with max_logprob_gap 1 every token leaves the loss and LoRA stays put; with 100 none do."""
+class ClaimsCertainty(ScriptedGenerator):
+    """A rollout engine that reports log-prob 0 for every token it produced (llama.cpp reports its own)."""
 
-    class ClaimsCertainty(ScriptedGenerator):
-        def generate(self, batch, max_new_tokens, temperature):
-            out = super().generate(batch, max_new_tokens, temperature)
-            self.sampled_logprobs = [[0.0] * len(ids) for ids in out]
-            return out
+    def generate(self, batch, max_new_tokens, temperature):
+        out = super().generate(batch, max_new_tokens, temperature)
+        self.sampled_logprobs = [[0.0] * len(ids) for ids in out]
+        return out
 
+
+def _engine_step(tmp_path, model_dir, max_gap: float, mini_batches: int = 1, engine_logprobs: bool = True):
+    """One SEAL step whose rollouts come with an engine's log-probs (``ClaimsCertainty``) or without. Returns the
+    store, the trainer and the number of decoder passes."""
     recipe = load_recipe(None, {
         "interface.tool_format": "signatures",  # short prompts: these test the update
         "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.beta": 0.0,
         "grpo.learning_rate": 1e-2, "rollout.num_generations": 2, "rollout.max_turns": 1, "policy.dtype": "float32",
-        "rollout.max_logprob_gap": max_gap,
+        "rollout.max_logprob_gap": max_gap, "grpo.mini_batches": mini_batches,
     })
     task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
     store = Store(tmp_path / "seal.db")
-    policy = load_policy(tiny_model_dir, recipe)
+    policy = load_policy(model_dir, recipe)
     scripts = [[tool_call_text(task.ground_truth[0]), "Done."], [tool_call_text(["mkdir(dir_name='x')"]), "Done."]]
-    seal_step = SealStep(recipe, store, {task.id: task}, ClaimsCertainty(policy.tokenizer, scripts))
+    generator = (ClaimsCertainty if engine_logprobs else ScriptedGenerator)(policy.tokenizer, scripts)
+    seal_step = SealStep(recipe, store, {task.id: task}, generator)
     trainer = grpo.build_trainer(policy, recipe, [task.id], seal_step, str(tmp_path / "trl"),
-                                 callbacks=[grpo.StoreCallback(store, updates=1)])
+                                 callbacks=[grpo.StoreCallback(store, updates=grpo.updates_per_step(recipe))])
+    passes = []
+    shared_prefix.decoder_and_head(trainer.model)[0].register_forward_hook(lambda *_: passes.append(1))
     trainer.train()
+    return store, trainer, len(passes)
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2], ids=["on-policy", "old-log-probs"])
+@pytest.mark.parametrize(("max_gap", "filtered"), [(1.0, 1.0), (100.0, 0.0)])
+def test_tokens_the_two_engines_disagree_on_carry_no_loss(tmp_path, tiny_model_dir, max_gap, filtered, mini_batches):
+    """A rollout engine claiming log-prob 0 for every token disagrees with a random model (about -10.8) by far
+    more than 1 nat: with max_logprob_gap 1 every token leaves the loss and LoRA stays put; with 100 none do. The
+    trained side of the comparison is the update's own log-probs: computed in the loss on-policy, TRL's old
+    log-probs with 2 mini-batches."""
+    store, trainer, _ = _engine_step(tmp_path, tiny_model_dir, max_gap, mini_batches)
     assert store.metrics("grpo/engine/filtered_share") == [(1, filtered)]
     assert store.metrics("grpo/engine/logprob_gap_mean")[0][1] > 5
     moved = any(torch.count_nonzero(p) > 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
     assert moved == (filtered == 0.0)
+
+
+def test_the_engine_comparison_costs_no_forward_pass(tmp_path, tiny_model_dir):
+    """On-policy, the comparison reuses the log-probs the loss computes: a step with an engine's log-probs runs
+    the decoder exactly as often as the same step without them (an extra scoring pass would add passes)."""
+    store, _, compared = _engine_step(tmp_path / "compared", tiny_model_dir, 100.0, engine_logprobs=True)
+    assert store.metrics("grpo/engine/filtered_share") == [(1, 0.0)]  # compared, nothing filtered
+    store, _, plain = _engine_step(tmp_path / "plain", tiny_model_dir, 100.0, engine_logprobs=False)
+    assert store.metrics("grpo/engine/filtered_share") == []  # no engine log-probs, no comparison
+    assert compared == plain > 0
 
 
 def _two_step_lora(tmp_path, tiny_model_dir, beta: float, signal_first: bool, skip: bool):
