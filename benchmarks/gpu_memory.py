@@ -8,9 +8,10 @@ Two parts:
 * a **measurement** (``--measure``, needs CUDA): random-init models of the real shapes (initialised on the GPU,
   with a tokenizer built locally: no hub, no download), loaded through seal-lite's own policy loader (Unsloth
   4-bit QLoRA where installed, else ``--backend``), GRPO updates through seal-lite's trainer with the recipes'
-  micro-batching (one trajectory per forward/backward pass, 4 mini-batches) on synthetic multi-turn
-  trajectories of the given length (model segments interleaved with environment segments, env_mask as in a
-  rollout), and a batched generation that fills the KV cache. ``--cap-gb`` limits the process to a target
+  micro-batching (4 mini-batches; a micro-batch is the part of one group in a mini-batch, its prompt computed
+  once by the shared-prefix pass, or one trajectory on Unsloth) on synthetic multi-turn trajectories of the given
+  length (one task's G trajectories: a shared prompt, then model segments interleaved with environment segments,
+  env_mask as in a rollout), and a batched generation that fills the KV cache. ``--cap-gb`` limits the process to a target
   card's memory (15 for a T4, 24), so a row that does not fit fails as it would there; caches are emptied
   between rows. It prints peak memory and seconds per update (``--json``: one JSON line per row).
   ``--measure --tiny`` runs the same code on a 2-layer model on the CPU: a smoke test, not a figure.
@@ -108,8 +109,9 @@ def print_estimates(rollouts: int) -> None:
 
 
 def synthetic_batch(tokens: int, rollouts: int, vocab: int, seed: int = 0):
-    """Multi-turn trajectories: a 3k-token prompt (tool docs), then 150-token model messages alternating with
-    450-token environment messages (tool results, next user turn) up to ``tokens``; advantages +1/-1."""
+    """Multi-turn trajectories of one task: a shared 3k-token prompt (tool docs), then 150-token model messages
+    alternating with 450-token environment messages (tool results, next user turn) up to ``tokens``; advantages
+    +1/-1."""
     import torch
 
     from seal_lite.loop import RolloutBatch
@@ -125,10 +127,10 @@ def synthetic_batch(tokens: int, rollouts: int, vocab: int, seed: int = 0):
         while mask and mask[-1] == 0:  # a completion ends with the model's last token
             mask.pop()
         masks.append(mask)
-    ids = [torch.randint(0, vocab, (prompt + len(m),), generator=generator).tolist() for m in masks]
+    shared = torch.randint(0, vocab, (prompt,), generator=generator).tolist()  # one task: one prompt
     return RolloutBatch(
-        prompt_ids=[row[:prompt] for row in ids],
-        completion_ids=[row[prompt:] for row in ids],
+        prompt_ids=[list(shared) for _ in masks],
+        completion_ids=[torch.randint(0, vocab, (len(m),), generator=generator).tolist() for m in masks],
         env_mask=masks,
         rewards=[float(i % 2) for i in range(rollouts)],
         advantages=[1.0 if i % 2 else -1.0 for i in range(rollouts)],
@@ -241,7 +243,7 @@ def measure(shape: Shape, tokens: int, rollouts: int, backend: str = "auto", mic
         generate_s = time.time() - started
         generate_peak = torch.cuda.max_memory_allocated() / GB if cuda else float("nan")
         figures = {"shape": shape.name, "tokens": tokens, "rollouts": rollouts, "backend": policy.backend,
-                   "micro_batch": recipe.micro_batch(), "updates": len(timings), "train_peak_gb": train_peak,
+                   "micro_batch": trainer.args.per_device_train_batch_size, "updates": len(timings), "train_peak_gb": train_peak,
                    "generate_peak_gb": generate_peak, "update_s": timings[-1] if timings else float("nan"),
                    "generate_s": generate_s}
         del trainer, model, policy

@@ -9,6 +9,7 @@ With ``check=True`` (``seal-lite run`` and ``seal-lite recipe``) the recipe is a
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -238,8 +239,14 @@ class GRPOConfig(_Section):
     )
     micro_batch_size: int | None = Field(
         None, ge=1, description="Trajectories per forward/backward pass; the gradients of a mini-batch's "
-        "micro-batches accumulate into one optimizer step, with the same result. None: 1 (memory does not grow "
-        "with the batch), except for loss_type bnpo, whose token mean is per micro-batch: the whole mini-batch.",
+        "micro-batches accumulate into one optimizer step, with the same result. None: one group (G, or the "
+        "mini-batch if smaller) with shared_prefix, else 1; for loss_type bnpo, whose token mean is per "
+        "micro-batch, the whole mini-batch.",
+    )
+    shared_prefix: bool = Field(
+        True, description="Score each group's trajectories with their common prefix (the prompt) computed once: "
+        "the same loss and gradients as one pass per trajectory, about G times less prompt compute; memory holds "
+        "one prefix and one suffix at a time. Not on the unsloth backend, which keeps its own log-prob path.",
     )
     num_iterations: int = Field(1, ge=1, description="PPO epochs over each step's trajectories (paper: 1).")
     dynamic_sampling: int | None = Field(
@@ -325,11 +332,17 @@ class Recipe(_Section):
         _refuse(problems)
         return self
 
-    def micro_batch(self) -> int:
-        """Trajectories per forward/backward pass (``grpo.micro_batch_size`` resolved)."""
+    def micro_batch(self, shared_prefix: bool | None = None) -> int:
+        """Trajectories per forward/backward pass (``grpo.micro_batch_size`` resolved). ``shared_prefix``: whether
+        the update shares prefixes (default ``grpo.shared_prefix``; the trainer says False where it cannot)."""
         if self.grpo.micro_batch_size is not None:
             return self.grpo.micro_batch_size
-        return self.mini_batch() if self.grpo.loss_type == "bnpo" else 1
+        if self.grpo.loss_type == "bnpo":
+            return self.mini_batch()
+        shared = self.grpo.shared_prefix if shared_prefix is None else shared_prefix
+        # one group per micro-batch: its rows share their prompt (a divisor of the mini-batch, which may hold part
+        # of a group or groups plus parts)
+        return math.gcd(self.rollout.num_generations, self.mini_batch()) if shared else 1
 
     def generation_batch(self) -> int:
         """Sequences per generate call (``rollout.generation_batch_size`` resolved): by default, as many as one

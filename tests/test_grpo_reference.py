@@ -25,6 +25,7 @@ follows the trainer's flag, and both settings are compared.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import pytest
@@ -35,7 +36,7 @@ from seal_lite.envs.bfcl import load_tasks
 from seal_lite.loop import SealStep
 from seal_lite.recipe import load_recipe
 from seal_lite.store import Store
-from seal_lite.training import grpo
+from seal_lite.training import grpo, shared_prefix
 from seal_lite.training.policy import load_policy
 
 TASK_ID = "multi_turn_base_0"
@@ -56,13 +57,15 @@ def scripts(ground_truth: list[list[str]]) -> list[list[str]]:
 class Case:
     """A trainer built from the recipe, TRL's prepared inputs for one SEAL step, and the reference computation."""
 
-    def __init__(self, root, model_dir: str, loss_type: str, weighting: bool, temperature: float = 1.0):
+    def __init__(self, root, model_dir: str, loss_type: str, weighting: bool, temperature: float = 1.0,
+                 dual_clip: float | None = None):
         self.recipe = load_recipe(None, {
             "interface.tool_format": "signatures",  # short prompts: these test the update
             "data.task_ids": [TASK_ID], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.loss_type": loss_type,
             "grpo.beta": BETA, "grpo.epsilon": EPSILON, "grpo.diagnosis_weighting": weighting,
             "rollout.num_generations": G, "rollout.max_turns": 2, "rollout.max_calls_per_turn": 1,
             "rollout.temperature": temperature, "policy.dtype": "float32", "diagnoser.mode": "off",
+            "grpo.dual_clip": dual_clip,
             # the whole batch in one loss call, as below (test_training checks that micro-batches equal it)
             "grpo.micro_batch_size": G,
         })
@@ -81,6 +84,7 @@ class Case:
                     parameter.copy_(torch.randn(parameter.shape, generator=seed) * 0.5)
         self.model.train()
         self.trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop; compute_loss reads it
+        assert self.trainer.shared_prefix  # the default: TRL's reference pass below scores with shared prefixes
         self.inputs = self.trainer._generate_and_score_completions([{"prompt": task.id}] * G)
         self.batch = self.trainer.seal_batch
         self.rows = store.trajectories(step=1)
@@ -92,6 +96,9 @@ class Case:
         self.ref = self.logps(adapter=False)
         with torch.no_grad():
             self.current = self.logps(adapter=True)
+        # TRL's own reference pass (one forward per trajectory) computes every completion position, environment
+        # tokens included; the shared-prefix pass computes only loss tokens and leaves 0 elsewhere
+        self.unshared_inputs = {**self.inputs, "ref_per_token_logps": self.trl_ref_logps()}
         noise = torch.Generator().manual_seed(2)
         # old log-probs = current + deterministic noise in [-0.3, 0.3]: some ratios leave [1 - eps, 1 + eps]
         self.off_policy_old = [lp + (torch.rand(len(lp), generator=noise) * 2 - 1) * 0.3 for lp in self.current]
@@ -100,25 +107,44 @@ class Case:
     def pad(self, rows: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([torch.nn.functional.pad(row, (0, self.width - len(row))) for row in rows])
 
-    def trl(self, inputs: dict):
+    @contextlib.contextmanager
+    def sharing(self, shared: bool):
+        """The trainer with shared-prefix scoring on (its default) or off (TRL's forward pass per trajectory)."""
+        before = self.trainer.shared_prefix
+        self.trainer.shared_prefix = shared
+        try:
+            yield
+        finally:
+            self.trainer.shared_prefix = before
+
+    def trl_ref_logps(self) -> torch.Tensor:
+        """TRL's reference log-probs as its own scoring computes them (adapter disabled, one pass per row)."""
+        ids = torch.cat([self.inputs["prompt_ids"], self.inputs["completion_ids"]], dim=1)
+        mask = torch.cat([self.inputs["prompt_mask"], self.inputs["completion_mask"]], dim=1)
+        with self.sharing(False), torch.no_grad(), self.model.disable_adapter():
+            return self.trainer._get_per_token_logps_and_entropies(self.model, ids, mask, self.width)[0]
+
+    def trl(self, inputs: dict, shared: bool = True):
         """TRL's loss, its derivative with respect to the loss mask (tool_mask), and the LoRA gradients."""
         inputs = dict(inputs)
         tool_mask = inputs["tool_mask"].float().requires_grad_(True)
         inputs["tool_mask"] = tool_mask
-        loss = self.trainer.compute_loss(self.model, inputs)
+        with self.sharing(shared):
+            loss = self.trainer.compute_loss(self.model, inputs)
         mask_grad, *grads = torch.autograd.grad(loss, [tool_mask, *self.lora])
         return loss.detach(), mask_grad, grads
 
-    def inputs_for(self, policy: str) -> dict:
+    def inputs_for(self, policy: str, shared: bool = True) -> dict:
+        inputs = self.inputs if shared else self.unshared_inputs
         if policy == "on":
-            return self.inputs
-        return {**self.inputs, "old_per_token_logps": self.pad(self.off_policy_old)}
+            return inputs
+        return {**inputs, "old_per_token_logps": self.pad(self.off_policy_old)}
 
-    def trl_result(self, policy: str):
+    def trl_result(self, policy: str, shared: bool = True):
         """``trl`` on the case's on- or off-policy inputs, computed once (the tests share a case)."""
-        if policy not in self._trl:
-            self._trl[policy] = self.trl(self.inputs_for(policy))
-        return self._trl[policy]
+        if (policy, shared) not in self._trl:
+            self._trl[policy, shared] = self.trl(self.inputs_for(policy, shared), shared)
+        return self._trl[policy, shared]
 
     # ---- the reference: plain forward passes and the formulas, nothing from TRL ----
 
@@ -141,9 +167,11 @@ class Case:
     def per_token_loss(self, logps, old, kl_times_ratio: bool) -> list[torch.Tensor]:
         out = []
         advantages = [row["weighted_advantage"] for row in self.rows]
+        cap = self.recipe.grpo.dual_clip or float("inf")  # dual-clip: the unclipped ratio is capped at c
         for logp, old_row, ref_row, advantage in zip(logps, old, self.ref, advantages, strict=True):
             ratio = torch.exp(logp - old_row)
-            surrogate = torch.minimum(ratio * advantage, ratio.clamp(1 - EPSILON, 1 + EPSILON) * advantage)
+            surrogate = torch.minimum(ratio.clamp(max=cap) * advantage,
+                                      ratio.clamp(1 - EPSILON, 1 + EPSILON) * advantage)
             k3 = torch.exp(ref_row - logp) - (ref_row - logp) - 1
             out.append(-surrogate + BETA * (k3 * ratio if kl_times_ratio else k3))
         return out
@@ -180,8 +208,8 @@ class Case:
 
 
 @functools.cache
-def _case(root, model_dir: str, loss_type: str, weighting: bool) -> Case:
-    return Case(root / f"{loss_type}-{weighting}", model_dir, loss_type, weighting)
+def _case(root, model_dir: str, loss_type: str, weighting: bool, dual_clip: float | None = None) -> Case:
+    return Case(root / f"{loss_type}-{weighting}-{dual_clip}", model_dir, loss_type, weighting, dual_clip=dual_clip)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -196,7 +224,7 @@ def one_thread():
 def case(tmp_path_factory, tiny_model_dir):
     """Cases are built once per (loss type, weighting) and shared: TRL's compute_loss leaves them unchanged."""
     root = tmp_path_factory.mktemp("grpo_reference")
-    yield lambda loss_type, weighting: _case(root, tiny_model_dir, loss_type, weighting)
+    yield lambda loss_type, weighting, dual_clip=None: _case(root, tiny_model_dir, loss_type, weighting, dual_clip)
     _case.cache_clear()
 
 
@@ -208,15 +236,17 @@ def assert_close(actual, expected, what: str, rtol=1e-4, atol_scale=1e-5):
     assert torch.allclose(actual, expected, rtol=rtol, atol=atol_scale * scale), f"{what}: {diff:.3g} of {scale:.3g}"
 
 
-def compare(c: Case, policy: str, kl_times_ratio: bool, trl_result=None):
-    loss, mask_grad, grads = trl_result or c.trl_result(policy)
+def compare(c: Case, policy: str, kl_times_ratio: bool, trl_result=None, shared: bool = True):
+    loss, mask_grad, grads = trl_result or c.trl_result(policy, shared)
     ref_loss, ref_mask_grad, ref_grads, ref_per_token = c.reference(policy, kl_times_ratio)
 
     assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-7), (float(loss), float(ref_loss))
-    # d loss / d mask at every completion position: each token's loss times its weight in the aggregation (for
-    # grpo and bnpo also the normaliser's dependence on the mask); env positions included, padding excluded
-    completion = c.inputs["completion_mask"].bool()
-    assert_close(mask_grad[completion], ref_mask_grad[completion], "d loss / d mask", atol_scale=1e-3)
+    # d loss / d mask: each token's loss times its weight in the aggregation (for grpo and bnpo also the
+    # normaliser's dependence on the mask). Padding excluded; environment positions included where the pass
+    # computes their log-probs (one pass per trajectory): the shared-prefix pass computes none, its per-token
+    # loss there is another number that the mask removes
+    positions = c.inputs["completion_mask"].bool() if not shared else c.loss_positions
+    assert_close(mask_grad[positions], ref_mask_grad[positions], "d loss / d mask", atol_scale=1e-3)
     loss_type = c.recipe.grpo.loss_type
     if loss_type in ("dapo", "dr_grpo"):
         # linear in the mask: normaliser x derivative is TRL's per-token loss itself
@@ -257,15 +287,16 @@ def test_batch_is_informative(case, weighting):
     assert 0.2 < float(outside.float().mean()) < 0.8
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prefix", "per-trajectory"])
 @pytest.mark.parametrize(("loss_type", "weighting", "policy"), [
     *[(loss_type, weighting, policy) for loss_type in ("dapo", "grpo")
       for weighting, policy in ((True, "on"), (True, "off"), (False, "off"))],
     ("bnpo", True, "off"),
     ("dr_grpo", True, "off"),
 ])
-def test_loss_and_lora_gradients_match_reference(case, loss_type, weighting, policy):
+def test_loss_and_lora_gradients_match_reference(case, loss_type, weighting, policy, shared):
     c = case(loss_type, weighting)
-    compare(c, policy, kl_times_ratio=c.trainer.args.use_bias_correction_kl)
+    compare(c, policy, kl_times_ratio=c.trainer.args.use_bias_correction_kl, shared=shared)
 
 
 def test_both_kl_variants_match_reference(case):
@@ -281,7 +312,8 @@ def test_both_kl_variants_match_reference(case):
     assert max(float((a - b).abs().max()) for a, b in zip(this, other)) > 1e-3 * max(float(g.abs().max()) for g in this)
 
 
-def test_environment_tokens_carry_no_loss_or_gradient(case):
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prefix", "per-trajectory"])
+def test_environment_tokens_carry_no_loss_or_gradient(case, shared):
     """Wild old and reference log-probs on environment positions change nothing: the mask removes them.
 
     The derivative with respect to the mask is non-zero there, so the zero contribution comes from the mask,
@@ -289,17 +321,17 @@ def test_environment_tokens_carry_no_loss_or_gradient(case):
     """
     c = case("dapo", True)
     env = c.env_positions
-    inputs = c.inputs_for("off")
-    loss, mask_grad, grads = c.trl_result("off")
+    inputs = c.inputs_for("off", shared)
+    loss, mask_grad, grads = c.trl_result("off", shared)
     assert float(mask_grad[env].abs().min()) > 0
     old, ref = inputs["old_per_token_logps"], inputs["ref_per_token_logps"]
     wild_loss, _, wild_grads = c.trl({**inputs, "old_per_token_logps": old - 5.0 * env,
-                                      "ref_per_token_logps": ref + 5.0 * env})
+                                      "ref_per_token_logps": ref + 5.0 * env}, shared)
     assert torch.equal(loss, wild_loss)
     assert all(torch.equal(a, b) for a, b in zip(grads, wild_grads, strict=True))
     moved = old.clone()
     moved[tuple(torch.nonzero(c.loss_positions)[0].tolist())] -= 5.0
-    with torch.no_grad():
+    with torch.no_grad(), c.sharing(shared):
         assert not torch.equal(c.trainer.compute_loss(c.model, {**inputs, "old_per_token_logps": moved}), loss)
 
 
@@ -310,3 +342,96 @@ def test_trainer_uses_the_papers_kl(case):
 def test_log_probs_are_scored_at_the_rollout_temperature(tmp_path, tiny_model_dir):
     c = Case(tmp_path, tiny_model_dir, "dapo", True, temperature=0.7)
     assert torch.allclose(c.inputs["ref_per_token_logps"][c.loss_positions], c.pad(c.ref)[c.loss_positions], atol=1e-5)
+
+
+# ---- shared-prefix scoring (issue 16): the same numbers as one forward pass per trajectory ----
+
+
+def max_relative_difference(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
+    """The largest |actual - expected| of each pair, relative to the largest |expected| entry of that pair."""
+    return max(float((a - e).abs().max() / e.abs().max()) for a, e in zip(actual, expected, strict=True)
+               for a, e in [(a.detach(), e.detach())])
+
+
+@pytest.mark.parametrize(("loss_type", "weighting", "policy", "dual_clip"), [
+    *[(loss_type, weighting, policy, None) for loss_type in ("dapo", "grpo", "bnpo", "dr_grpo")
+      for weighting in (True, False) for policy in ("on", "off")],
+    ("dapo", True, "off", 1.25),  # the dual-clip cap binds on some ratios (they reach 1.35)
+])
+def test_shared_prefix_loss_and_lora_gradients_equal_one_pass_per_trajectory(case, loss_type, weighting, policy,
+                                                                             dual_clip):
+    """The G = 4 trajectories share their prompt: scoring them with it computed once gives TRL's loss, its
+    derivative on every loss token and every LoRA gradient as one pass per trajectory does (fp32, to float
+    summation order), for every loss type, with and without diagnosis weights, on-policy and with clipped ratios,
+    with the KL term on (beta > 0, reference pass with the adapter disabled)."""
+    c = case(loss_type, weighting, dual_clip)
+    shared_loss, shared_mask_grad, shared_grads = c.trl_result(policy, shared=True)
+    loss, mask_grad, grads = c.trl_result(policy, shared=False)
+    assert float(loss.abs()) > 1e-4 and all(float(g.abs().max()) > 0 for g in grads)  # a real signal
+    assert torch.allclose(shared_loss, loss, rtol=1e-5, atol=1e-7), (float(shared_loss), float(loss))
+    on = c.loss_positions
+    # (grpo on-policy: each token's loss minus its row's mean, a difference of near-equal numbers)
+    assert max_relative_difference([shared_mask_grad[on]], [mask_grad[on]]) < 1e-4
+    assert max_relative_difference(shared_grads, grads) < 2e-5, "LoRA gradients differ"  # measured: at most 7e-6
+    if dual_clip:  # the cap is what these inputs test: it binds on some tokens with a negative advantage
+        ratio = torch.exp(c.pad(c.current) - c.pad(c.off_policy_old))[on]
+        advantages = torch.tensor([row["weighted_advantage"] for row in c.rows])[:, None].expand_as(on)[on]
+        assert bool(((ratio > dual_clip) & (advantages < 0)).any())
+
+
+def test_shared_prefix_log_probs_equal_one_pass_per_trajectory(case):
+    """Per-token log-probs, with gradients as the loss computes them: equal to TRL's pass per trajectory and to
+    the plain reference on every loss token. The prompt runs through the model once (not G times), and logits
+    are computed for loss tokens only (environment tokens inside the completions get none)."""
+    c = case("dapo", True)
+    trainer, inputs = c.trainer, c.inputs
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    decoder, head = shared_prefix.decoder_and_head(c.model)
+    tokens, head_rows = [], []
+    hooks = [decoder.register_forward_pre_hook(lambda _, args, kwargs: tokens.append(kwargs["input_ids"].numel()),
+                                               with_kwargs=True),
+             head.register_forward_pre_hook(lambda _, args: head_rows.append(args[0].shape[:-1].numel()))]
+    scores = {}
+    try:
+        for shared in (True, False):
+            tokens.clear(), head_rows.clear()
+            c.trainer._loss_positions = inputs["completion_mask"] * inputs["tool_mask"]
+            with c.sharing(shared):
+                logps, entropies, _ = trainer._get_per_token_logps_and_entropies(c.model, ids, mask, c.width,
+                                                                                 compute_entropy=True)
+            c.trainer._loss_positions = None
+            scores[shared] = (logps, entropies, sum(tokens), sum(head_rows))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    on = c.loss_positions
+    (logps, entropies, tokens, rows), (logps_1, entropies_1, tokens_1, rows_1) = scores[True], scores[False]
+    assert logps.requires_grad and logps_1.requires_grad
+    assert max_relative_difference([logps[on]], [logps_1[on]]) < 1e-6
+    assert max_relative_difference([logps[on]], [c.pad(c.current)[on]]) < 1e-6
+    assert max_relative_difference([entropies[on]], [entropies_1[on]]) < 1e-6
+    assert float(logps.detach()[~on].abs().max()) == 0.0  # nothing computed, nothing returned, off the loss tokens
+    prompt = len(c.batch.prompt_ids[0])
+    assert all(len(ids) == prompt for ids in c.batch.prompt_ids) and prompt > 300
+    assert tokens_1 == G * ids.size(1)  # TRL: every row, padding included
+    assert tokens <= prompt + sum(len(completion) + 1 for completion in c.batch.completion_ids)  # the prompt once
+    assert rows_1 == G * (c.width + 1) and rows <= int(on.sum())  # logits: TRL every position, here loss tokens
+
+
+def test_a_detached_prefix_would_fail_the_comparison(case, monkeypatch):
+    """The comparison above can fail: cut the gradient from the suffixes into the prefix's keys and values (the
+    approximation the issue rules out) and the LoRA gradients move far outside its tolerance."""
+    c = case("dapo", True)
+    update = shared_prefix.PrefixLayer.update
+
+    def detached(self, key_states, value_states, *args, **kwargs):
+        if self.prefix is not None:
+            self.prefix = tuple(tensor.detach() for tensor in self.prefix)
+        return update(self, key_states, value_states, *args, **kwargs)
+
+    monkeypatch.setattr(shared_prefix.PrefixLayer, "update", detached)
+    loss, _, grads = c.trl(c.inputs_for("off"), shared=True)
+    expected_loss, _, expected_grads = c.trl_result("off", shared=False)
+    assert torch.allclose(loss, expected_loss, rtol=1e-5)  # the same values: only the gradient is cut
+    assert max_relative_difference(grads, expected_grads) > 1e-2

@@ -12,7 +12,7 @@ from seal_lite.interface import TrainingInterface
 from seal_lite.loop import RolloutBatch, SealStep
 from seal_lite.recipe import load_recipe
 from seal_lite.store import Store
-from seal_lite.training import grpo
+from seal_lite.training import grpo, shared_prefix
 from seal_lite.training.policy import load_policy
 
 
@@ -125,35 +125,60 @@ def test_mini_batches_and_ppo_epochs_map_onto_seal_steps(tmp_path, tiny_model_di
     assert json.loads(rows[-1]["seal_state"])["step"] == 2
 
 
-@pytest.mark.parametrize(("max_gap", "filtered"), [(1.0, 1.0), (100.0, 0.0)])
-def test_tokens_the_two_engines_disagree_on_carry_no_loss(tmp_path, tiny_model_dir, max_gap, filtered):
-    """A rollout engine claiming log-prob 0 for every token disagrees with a random model (about -10.8) by far
-    more than 1 nat: with max_logprob_gap 1 every token leaves the loss and LoRA stays put; with 100 none do."""
+class ClaimsCertainty(ScriptedGenerator):
+    """A rollout engine that reports log-prob 0 for every token it produced (llama.cpp reports its own)."""
 
-    class ClaimsCertainty(ScriptedGenerator):
-        def generate(self, batch, max_new_tokens, temperature):
-            out = super().generate(batch, max_new_tokens, temperature)
-            self.sampled_logprobs = [[0.0] * len(ids) for ids in out]
-            return out
+    def generate(self, batch, max_new_tokens, temperature):
+        out = super().generate(batch, max_new_tokens, temperature)
+        self.sampled_logprobs = [[0.0] * len(ids) for ids in out]
+        return out
 
+
+def _engine_step(tmp_path, model_dir, max_gap: float, mini_batches: int = 1, engine_logprobs: bool = True):
+    """One SEAL step whose rollouts come with an engine's log-probs (``ClaimsCertainty``) or without. Returns the
+    store, the trainer and the number of decoder passes."""
     recipe = load_recipe(None, {
         "interface.tool_format": "signatures",  # short prompts: these test the update
         "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.beta": 0.0,
         "grpo.learning_rate": 1e-2, "rollout.num_generations": 2, "rollout.max_turns": 1, "policy.dtype": "float32",
-        "rollout.max_logprob_gap": max_gap,
+        "rollout.max_logprob_gap": max_gap, "grpo.mini_batches": mini_batches,
     })
     task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
     store = Store(tmp_path / "seal.db")
-    policy = load_policy(tiny_model_dir, recipe)
+    policy = load_policy(model_dir, recipe)
     scripts = [[tool_call_text(task.ground_truth[0]), "Done."], [tool_call_text(["mkdir(dir_name='x')"]), "Done."]]
-    seal_step = SealStep(recipe, store, {task.id: task}, ClaimsCertainty(policy.tokenizer, scripts))
+    generator = (ClaimsCertainty if engine_logprobs else ScriptedGenerator)(policy.tokenizer, scripts)
+    seal_step = SealStep(recipe, store, {task.id: task}, generator)
     trainer = grpo.build_trainer(policy, recipe, [task.id], seal_step, str(tmp_path / "trl"),
-                                 callbacks=[grpo.StoreCallback(store, updates=1)])
+                                 callbacks=[grpo.StoreCallback(store, updates=grpo.updates_per_step(recipe))])
+    passes = []
+    shared_prefix.decoder_and_head(trainer.model)[0].register_forward_hook(lambda *_: passes.append(1))
     trainer.train()
+    return store, trainer, len(passes)
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2], ids=["on-policy", "old-log-probs"])
+@pytest.mark.parametrize(("max_gap", "filtered"), [(1.0, 1.0), (100.0, 0.0)])
+def test_tokens_the_two_engines_disagree_on_carry_no_loss(tmp_path, tiny_model_dir, max_gap, filtered, mini_batches):
+    """A rollout engine claiming log-prob 0 for every token disagrees with a random model (about -10.8) by far
+    more than 1 nat: with max_logprob_gap 1 every token leaves the loss and LoRA stays put; with 100 none do. The
+    trained side of the comparison is the update's own log-probs: computed in the loss on-policy, TRL's old
+    log-probs with 2 mini-batches."""
+    store, trainer, _ = _engine_step(tmp_path, tiny_model_dir, max_gap, mini_batches)
     assert store.metrics("grpo/engine/filtered_share") == [(1, filtered)]
     assert store.metrics("grpo/engine/logprob_gap_mean")[0][1] > 5
     moved = any(torch.count_nonzero(p) > 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
     assert moved == (filtered == 0.0)
+
+
+def test_the_engine_comparison_costs_no_forward_pass(tmp_path, tiny_model_dir):
+    """On-policy, the comparison reuses the log-probs the loss computes: a step with an engine's log-probs runs
+    the decoder exactly as often as the same step without them (an extra scoring pass would add passes)."""
+    store, _, compared = _engine_step(tmp_path / "compared", tiny_model_dir, 100.0, engine_logprobs=True)
+    assert store.metrics("grpo/engine/filtered_share") == [(1, 0.0)]  # compared, nothing filtered
+    store, _, plain = _engine_step(tmp_path / "plain", tiny_model_dir, 100.0, engine_logprobs=False)
+    assert store.metrics("grpo/engine/filtered_share") == []  # no engine log-probs, no comparison
+    assert compared == plain > 0
 
 
 def _two_step_lora(tmp_path, tiny_model_dir, beta: float, signal_first: bool, skip: bool):
@@ -173,8 +198,9 @@ def _two_step_lora(tmp_path, tiny_model_dir, beta: float, signal_first: bool, sk
     trainer = grpo.build_trainer(policy, recipe, [task.id], seal_step, str(tmp_path / "trl"),
                                  callbacks=[grpo.StoreCallback(store, updates=1)])
     trainer.skip_without_signal = skip
-    forwards = []
-    trainer.model.register_forward_hook(lambda *_: forwards.append(seal_step.step))
+    forwards = []  # the decoder runs in every scoring pass, TRL's (through the model) and the shared-prefix one
+    decoder, _ = shared_prefix.decoder_and_head(trainer.model)
+    decoder.register_forward_hook(lambda *_: forwards.append(seal_step.step))
     trainer.train()
     lora = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
     return lora, [forwards.count(1), forwards.count(2)], [flag for _, flag in store.metrics("grpo/update_skipped")]
@@ -200,13 +226,14 @@ def test_a_step_without_learning_signal_skips_the_model_but_not_the_optimizer(tm
         assert torch.allclose(skipped[name], full[name], rtol=0, atol=1e-7), name
 
 
-def _train_recording(tmp_path, model_dir, loss_type: str, micro: int):
+def _train_recording(tmp_path, model_dir, loss_type: str, micro: int | None, **settings):
     """One SEAL step over a real two-turn BFCL task (4 scripted episodes: model tokens, tool results and user turns
     in every completion), 2 mini-batches x 2 PPO epochs = 4 optimizer steps, micro-batches of ``micro``
-    trajectories. Returns (optimizer steps, TRL's config, loss per step, LoRA gradients per step)."""
+    trajectories, other recipe ``settings`` by dotted name. Returns (optimizer steps, TRL's config, loss per step,
+    LoRA gradients per step, tokens through the decoder)."""
     from transformers import TrainerCallback
 
-    recipe = load_recipe(None, {
+    recipe = load_recipe(None, settings | {
         "interface.tool_format": "signatures",  # short prompts: these test the update
         "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.mini_batches": 2,
         "grpo.num_iterations": 2, "grpo.micro_batch_size": micro, "grpo.loss_type": loss_type, "grpo.beta": 0.04,
@@ -230,9 +257,13 @@ def _train_recording(tmp_path, model_dir, loss_type: str, micro: int):
     trainer = grpo.build_trainer(policy, recipe, [task.id], step, str(tmp_path / "trl"), callbacks=[Gradients()])
     trainer.args.logging_steps = 1  # the loss of every optimizer step
     trainer.args.save_strategy = "no"
+    tokens = []
+    decoder, _ = shared_prefix.decoder_and_head(trainer.model)
+    decoder.register_forward_pre_hook(lambda _, args, kwargs: tokens.append(kwargs["input_ids"].numel()),
+                                      with_kwargs=True)
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    return trainer.state.global_step, trainer.args, losses, grads
+    return trainer.state.global_step, trainer.args, losses, grads, sum(tokens)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])  # dapo: batch-token normaliser; grpo: per sequence
@@ -242,7 +273,7 @@ def test_one_trajectory_per_micro_batch_trains_exactly_like_whole_mini_batches(t
     whole = _train_recording(tmp_path / "whole", tiny_model_dir, loss_type, micro=2)
     single = _train_recording(tmp_path / "single", tiny_model_dir, loss_type, micro=1)
     # (the gradients of steps 2-4 are taken at the weights the earlier steps left, so those agree as well)
-    (steps, args, losses, grads), (steps_1, args_1, losses_1, grads_1) = whole, single
+    (steps, args, losses, grads, _), (steps_1, args_1, losses_1, grads_1, _) = whole, single
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (2, 1)
     assert (args_1.per_device_train_batch_size, args_1.gradient_accumulation_steps) == (1, 2)
     assert steps == steps_1 == 4 and len(grads) == len(grads_1) == 4
@@ -257,11 +288,45 @@ def test_one_trajectory_per_micro_batch_trains_exactly_like_whole_mini_batches(t
             torch.testing.assert_close(after[name], before[name], rtol=0, atol=2e-4 * scale + 1e-10, msg=name)
 
 
-def test_micro_batch_size_defaults_to_one_trajectory_and_must_divide_the_mini_batch():
+def assert_same_training(expected, actual, tolerance: float = 2e-4):
+    """The same optimizer steps, losses and LoRA gradients per step, to ``tolerance`` of each tensor's scale."""
+    (steps, _, losses, grads, _), (steps_1, _, losses_1, grads_1, _) = expected, actual
+    assert steps == steps_1 == 4 and len(grads) == len(grads_1) == 4
+    assert losses_1 == pytest.approx(losses, rel=1e-5, abs=1e-7)
+    assert any(abs(loss) > 1e-4 for loss in losses)  # a real learning signal, not zeros compared with zeros
+    for before, after in zip(grads, grads_1, strict=True):
+        assert any(g.abs().max() > 0 for g in before.values())
+        for name in before:
+            scale = before[name].abs().max().item()
+            torch.testing.assert_close(after[name], before[name], rtol=0, atol=tolerance * scale + 1e-10, msg=name)
+
+
+@pytest.mark.parametrize(("backend", "checkpointing"), [("peft", False), ("peft", True), ("peft-4bit", False)])
+def test_shared_prefix_trains_exactly_like_one_pass_per_trajectory(tmp_path, tiny_model_dir, backend, checkpointing):
+    """Whole training steps with shared-prefix scoring against TRL's pass per trajectory: 2 mini-batches x 2 PPO
+    epochs (so TRL's old-log-prob pass runs, and the ratios leave 1 from step 2 on), KL against the reference
+    (adapter disabled), gradient accumulation over micro-batches, with and without gradient checkpointing, on
+    fp32 LoRA and on bitsandbytes NF4 layers: the same losses and LoRA gradients at every optimizer step, while
+    the decoder reads far fewer tokens."""
+    settings = {"policy.backend": backend, "policy.gradient_checkpointing": checkpointing}
+    shared = _train_recording(tmp_path / "shared", tiny_model_dir, "grpo", micro=None, **settings)
+    per_trajectory = _train_recording(tmp_path / "unshared", tiny_model_dir, "grpo", micro=None,
+                                      **settings | {"grpo.shared_prefix": False})
+    assert (shared[1].per_device_train_batch_size, per_trajectory[1].per_device_train_batch_size) == (2, 1)
+    assert shared[1].gradient_checkpointing == checkpointing
+    assert_same_training(per_trajectory, shared)
+    assert shared[4] < 0.75 * per_trajectory[4]  # each micro-batch of 2 reads its prompt once
+
+
+def test_micro_batch_size_defaults_to_one_group_and_must_divide_the_mini_batch():
     from seal_lite.recipe import RecipeError
 
     base = {"grpo.tasks_per_step": 2, "rollout.num_generations": 4, "grpo.mini_batches": 2}  # mini-batches of 4
-    assert load_recipe(None, base).micro_batch() == 1
+    assert load_recipe(None, base).micro_batch() == 4  # one group: its prompt is computed once
+    assert load_recipe(None, base).micro_batch(shared_prefix=False) == 1  # e.g. Unsloth: one trajectory
+    assert load_recipe(None, base | {"grpo.shared_prefix": False}).micro_batch() == 1
+    assert load_recipe(None, base | {"grpo.mini_batches": 4}).micro_batch() == 2  # half a group per mini-batch
+    assert load_recipe(None, {**base, "grpo.tasks_per_step": 3, "grpo.mini_batches": 2}).micro_batch() == 2
     assert load_recipe(None, base | {"grpo.micro_batch_size": 2}).micro_batch() == 2
     assert load_recipe(None, base | {"grpo.loss_type": "bnpo"}).micro_batch() == 4  # bnpo: its token mean
     with pytest.raises(RecipeError, match=r"grpo.micro_batch_size = 3: it must divide the mini-batch \(4"):

@@ -9,11 +9,20 @@ How SEAL plugs into GRPOTrainer, through its extension points:
   normalisation (std + 1e-4) is replaced by the SEAL advantages the loop computed, A_j = (r_j - mean) /
   (std + 1e-6) times the diagnosis weight w_j (SEAL_METHOD.md §2 steps 7-8).
 * the reward function only hands TRL the official verdict the loop already computed, for TRL's logging.
+* llama.cpp rollouts: the tokens whose log-probs the two engines disagree on leave the loss; the trained side
+  is the update's own log-probs (``compute_loss`` on-policy, TRL's old log-probs otherwise), never a pass of its own.
 
 Batching: each SEAL step's tasks x G trajectories are split into ``grpo.mini_batches`` mini-batches (one optimizer
-step each), and each mini-batch into micro-batches of ``micro_batch_size`` trajectories (default one), whose
-gradients accumulate: memory no longer grows with the batch, while the optimizer steps, the loss and its gradient
-stay those of the whole mini-batch (TRL divides by the accumulation steps; dapo by the batch's token count).
+step each), and each mini-batch into micro-batches of ``micro_batch_size`` trajectories, whose gradients accumulate:
+the optimizer steps, the loss and its gradient stay those of the whole mini-batch (TRL divides by the accumulation
+steps; dapo by the batch's token count). The rollout batch is shuffled by whole groups (TRL shuffles rows; so
+does Unsloth's trainer, left as it is), so a micro-batch holds one group, or part of one, by default.
+
+Scoring (``_get_per_token_logps_and_entropies``, used by TRL's loss, its old-log-prob pass and its reference pass
+with the adapter disabled): with ``grpo.shared_prefix`` each micro-batch's rows that share a prompt are scored
+with that prefix computed once (``shared_prefix.py``): the same log-probs and gradients as TRL's pass per
+trajectory, and logits only at the loss tokens. TRL's loss code is unchanged. Unsloth's backend keeps its own
+(chunked) log-prob path, which this does not enter.
 """
 
 from __future__ import annotations
@@ -30,9 +39,11 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experi
 from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import split_tensor_dict
 
 from seal_lite.recipe import Recipe
 from seal_lite.training.policy import Policy, keep_trainable_fp32
+from seal_lite.training.shared_prefix import score_completions, supports
 
 if TYPE_CHECKING:
     from seal_lite.loop import RolloutBatch
@@ -86,11 +97,19 @@ def lora_norm(model) -> float:
 
 
 class SealGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose advantages are the SEAL-weighted ones of the current rollout batch."""
+    """GRPOTrainer whose advantages are the SEAL-weighted ones of the current rollout batch, and whose log-probs
+    are scored with each group's shared prefix computed once (``shared_prefix``; see shared_prefix.py)."""
 
     seal_batch: RolloutBatch | None = None
     max_logprob_gap: float = 1.0
     skip_without_signal: bool = True
+    shared_prefix: bool = False  # build_trainer sets it from grpo.shared_prefix where the backend and model allow
+    group_batches: bool = False  # shuffle the rollout batch by groups (build_trainer: every backend but Unsloth's)
+    _loss_positions: torch.Tensor | None = None  # (B, width): the tokens that carry loss in the rows being scored
+    _scoring_rollouts: bool = False  # TRL's old/ref passes over the whole rollout batch: its env_mask says which
+    _precomputed: tuple | None = None  # log-probs compute_loss already scored for the engine comparison
+    _engine_gaps: list | None = None  # on-policy engine comparison: gaps of the rows compared so far, and
+    _engine_rows_left: int = 0  # the rollout batch's rows not yet compared
 
     def _no_learning_signal(self) -> bool:
         """Every advantage of the step is 0, and the KL term is off or still at its minimum (the policy is the
@@ -102,18 +121,65 @@ class SealGRPOTrainer(GRPOTrainer):
         return self.beta == 0.0 or all(not p.any() for n, p in self.model.named_parameters() if "lora_B" in n)
 
     def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+        self._scoring_rollouts = True  # rollout_func sets seal_batch before TRL's old/ref passes read it
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._scoring_rollouts = False
         advantages = torch.tensor(self.seal_batch.advantages, dtype=output["advantages"].dtype)
         output["advantages"] = advantages.to(output["advantages"].device)
+        self._engine_rows_left = 0
         if self.seal_batch.sampled_logprobs is not None and not self._no_learning_signal():
-            self._filter_engine_gap(output)
+            sampled = torch.zeros(output["completion_ids"].shape, device=output["completion_ids"].device)
+            for row, logprobs in enumerate(self.seal_batch.sampled_logprobs):
+                sampled[row, : len(logprobs)] = torch.tensor(logprobs[: sampled.size(1)])
+            if output.get("old_per_token_logps") is not None:  # TRL scored the rollouts: compare with those now
+                self._log_engine_gap(self._filter_engine_gap(output, output["old_per_token_logps"], sampled))
+            else:  # on-policy: compute_loss compares each micro-batch with the update's own log-probs
+                output["engine_per_token_logps"] = sampled
+                self._engine_gaps, self._engine_rows_left = [], sampled.size(0)
         return output
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's, except that the rollout batch is shuffled group by group (and within each group) instead of row
+        by row, so a micro-batch holds one group, or part of one, whose prompt is then computed once. Unsloth's
+        trainer keeps its own."""
+        if not self.group_batches or not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            batch = shuffle_groups(self._generate_and_score_completions(generation_batch), self.num_generations)
+            self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         if self._no_learning_signal():  # TRL's old log-probs: nothing will be compared with them
             return torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device), None, None
-        return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                          *args, **kwargs)
+        if self._precomputed is not None:  # compute_loss scored this micro-batch for the engine comparison
+            scores, self._precomputed = self._precomputed, None
+            return scores
+        others = {key: value for key, value in kwargs.items() if key not in ("batch_size", "compute_entropy")}
+        if not self.shared_prefix or args or any(value is not None and value is not False for value in others.values()):
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                             *args, **kwargs)
+        logps, entropies = score_completions(
+            self.accelerator.unwrap_model(model), input_ids, attention_mask, logits_to_keep,
+            self._scored_positions(attention_mask, logits_to_keep), self.temperature,
+            entropy=kwargs.get("compute_entropy", False), entropy_grad=self._entropy_bonus_enabled)
+        return logps, entropies, None
+
+    def _scored_positions(self, attention_mask: torch.Tensor, width: int) -> torch.Tensor:
+        """Completion positions whose log-prob something uses: the model tokens (environment tokens carry no
+        loss, so no logits are computed for them)."""
+        positions = attention_mask[:, -width:].bool()
+        if self._loss_positions is not None:
+            return positions & self._loss_positions.bool()
+        if self._scoring_rollouts:
+            env_mask = torch.zeros_like(positions)
+            for row, mask in enumerate(self.seal_batch.env_mask):
+                env_mask[row, : len(mask)] = torch.tensor(mask[:width], dtype=torch.bool)
+            return positions & env_mask
+        return positions
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self._no_learning_signal():
@@ -121,29 +187,44 @@ class SealGRPOTrainer(GRPOTrainer):
             # 0 x every trainable parameter: a zero loss whose gradient is exactly zero, without a forward pass
             return sum((p * 0).sum() for p in model.parameters() if p.requires_grad)
         self._metrics["train"]["update_skipped"].append(0.0)
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self._loss_positions = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+        try:
+            if "engine_per_token_logps" in inputs:
+                inputs = self._compare_engines_in_loss(model, inputs)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        finally:
+            self._loss_positions, self._precomputed = None, None
 
-    @torch.no_grad()
-    def _filter_engine_gap(self, output) -> None:
-        """Rollouts sampled by llama.cpp: compare its log-probs with the trained model's on every generated
-        token, log the agreement, and take out of the loss the tokens where they differ by more than
-        ``max_logprob_gap`` (the update would otherwise push on tokens the policy itself would not have produced
-        with that probability)."""
-        completion = output["completion_ids"]
-        trained = output.get("old_per_token_logps")  # TRL computed them when the step has several mini-batches
-        if trained is None:  # on-policy: one extra forward pass, about a sixth of the update's time
-            input_ids = torch.cat([output["prompt_ids"], completion], dim=1)
-            attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-            trained = self._get_per_token_logps_and_entropies(self.model, input_ids, attention, completion.size(1),
-                                                             batch_size=self.args.per_device_train_batch_size)[0]
-        sampled = torch.zeros_like(trained)
-        for row, logprobs in enumerate(self.seal_batch.sampled_logprobs):
-            sampled[row, : len(logprobs)] = torch.tensor(logprobs[: completion.size(1)], dtype=trained.dtype)
-        mask = output["completion_mask"] * output["tool_mask"]
-        gap = (trained - sampled).abs()[mask.bool()]
-        keep = (trained - sampled).abs() <= self.max_logprob_gap
-        output["tool_mask"] = output["tool_mask"] * keep.to(output["tool_mask"].dtype)
-        output["num_items_in_batch"] = (output["completion_mask"] * output["tool_mask"]).sum()  # dapo's normaliser
+    def _compare_engines_in_loss(self, model, inputs: dict) -> dict:
+        """On-policy llama.cpp rollouts: score the micro-batch once, filter its loss mask on the gap between those
+        log-probs and llama.cpp's, and hand the same log-probs to TRL's loss (no second forward pass)."""
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        scores = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
+                                                         inputs["completion_ids"].size(1), compute_entropy=True,
+                                                         compute_aux_loss=self.aux_loss_enabled)
+        inputs = dict(inputs)
+        sampled = inputs.pop("engine_per_token_logps")
+        self._engine_gaps.append(self._filter_engine_gap(inputs, scores[0].detach(), sampled))
+        self._engine_rows_left -= input_ids.size(0)
+        if self._engine_rows_left == 0:  # the last micro-batch of the rollout batch: log over all of them
+            self._log_engine_gap(torch.cat(self._engine_gaps))
+        self._precomputed = scores
+        return inputs
+
+    def _filter_engine_gap(self, inputs: dict, trained: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
+        """Rollouts sampled by llama.cpp: take out of the loss the tokens where its log-probs and the trained
+        model's (before this step's update) differ by more than ``max_logprob_gap`` (the update would otherwise
+        push on tokens the policy itself would not have produced with that probability). Returns the gaps on the
+        loss tokens. dapo's normaliser stays the rollout batch's loss-token count: a filtered token counts as a
+        token with zero loss."""
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        gap = (trained - sampled).abs()
+        inputs["tool_mask"] = inputs["tool_mask"] * (gap <= self.max_logprob_gap).to(inputs["tool_mask"].dtype)
+        return gap[mask.bool()]
+
+    def _log_engine_gap(self, gap: torch.Tensor) -> None:
+        """The agreement of the two engines over a rollout batch's loss tokens."""
         if gap.numel():
             metrics = self._metrics["train"]
             metrics["engine/logprob_gap_mean"].append(gap.mean().item())
@@ -151,11 +232,28 @@ class SealGRPOTrainer(GRPOTrainer):
             metrics["engine/filtered_share"].append((gap > self.max_logprob_gap).float().mean().item())
 
 
+def shuffle_groups(batch: dict, group: int) -> dict:
+    """Shuffle a rollout batch (TRL's dict of per-row tensors and lists) keeping its groups of ``group`` rows
+    together: the groups in a random order, and the rows of each in a random order."""
+    groups = len(batch["prompt_ids"]) // group
+    within = torch.stack([torch.randperm(group) for _ in range(groups)])
+    order = (torch.randperm(groups)[:, None] * group + within).flatten()
+
+    def permute(value):
+        if isinstance(value, torch.Tensor):
+            return value if value.ndim == 0 else value[order]
+        return value if value is None else [value[i] for i in order]
+
+    return {key: permute(value) for key, value in batch.items()}
+
+
 def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step: StepFunction,
                   output_dir: str, callbacks: list[TrainerCallback] = ()) -> SealGRPOTrainer:
     grpo, group = recipe.grpo, recipe.rollout.num_generations
     updates = updates_per_step(recipe)
-    micro = recipe.micro_batch()
+    # Unsloth computes log-probs its own way (its chunked path), which the shared prefix does not enter
+    shared_prefix = grpo.shared_prefix and policy.backend != "unsloth" and supports(policy.model)
+    micro = recipe.micro_batch(shared_prefix)
     config = GRPOConfig(
         output_dir=output_dir,
         # one generation batch (tasks_per_step x G trajectories) per SEAL step, in micro-batches of `micro`
@@ -220,4 +318,6 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
     trainer.remove_callback(PrinterCallback)  # the run shows its own progress; figures go to the store
     keep_trainable_fp32(trainer.model)  # undoes trl's bf16 cast of LoRA weights on 4-bit models
     trainer.max_logprob_gap = recipe.rollout.max_logprob_gap
+    trainer.shared_prefix = shared_prefix
+    trainer.group_batches = policy.backend != "unsloth"
     return trainer
