@@ -32,5 +32,4 @@ def test_gpu_check_tiny_runs_every_check_and_prints_one_json_line_each():
     assert steps["lora_changed"] > 0 and steps["trainable_dtypes"] == ["float32"] and not steps["pad_is_stop"]
 
     memory = rows["gpu_memory"]
-    # 8 trajectories of one task in 4 mini-batches of 2: a micro-batch is a mini-batch, its prompt computed once
-    assert memory["ok"] and memory["backend"] == "peft-4bit" and memory["micro_batch"] == 2 and memory["updates"] == 4
+    assert memory["ok"] and memory["backend"] == "peft-4bit" and memory["micro_batch"] == 1 and memory["updates"] == 4

@@ -63,11 +63,12 @@ class PrefixLayer(DynamicLayer):
         return 0 if self.prefix is None else self.prefix[0].shape[-2]
 
 
-def prefix_cache(layers: int, prefix: Cache | None = None) -> Cache:
-    """A cache for a pass: empty (the prefix pass records into it), or reading ``prefix``'s recorded keys and values."""
+def prefix_cache(layers: int, prefix: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Cache:
+    """A cache for a pass: empty (the prefix pass records into it), or reading ``prefix``: each layer's keys and
+    values, as the prefix pass recorded them."""
     if prefix is None:
         return Cache(layers=[PrefixLayer() for _ in range(layers)])
-    return Cache(layers=[PrefixLayer(*layer.own) for layer in prefix.layers])
+    return Cache(layers=[PrefixLayer(keys, values) for keys, values in prefix])
 
 
 def split_point(sequences: list[list[int]]) -> int:
@@ -191,15 +192,16 @@ def score_completions(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     with cache_through_checkpointing(model):
         for group in groups_of_rows(prompts):
             shared = split_point([rows[row][0].tolist() for row in group])
-            prefix = None
+            prefix = None  # the prefix pass's keys and values, per layer, as its forward pass produced them
             if shared:
-                prefix = prefix_cache(layers)
+                recording = prefix_cache(layers)
                 ids = rows[group[0]][0]  # its first shared + 1 tokens are every row's
                 # positions inside the prefix whose next token is scored in some row (shared tokens: same target)
                 positions = torch.unique(torch.cat([targets[targets <= shared] - 1 for _, _, targets in
                                                     (rows[row] for row in group)]))
-                hidden = decoder(input_ids=ids[None, :shared], past_key_values=prefix, use_cache=False)
+                hidden = decoder(input_ids=ids[None, :shared], past_key_values=recording, use_cache=False)
                 hidden = hidden.last_hidden_state
+                prefix = [layer.own for layer in recording.layers]
                 logp, ent = head_logps(head, hidden[0, positions], ids[positions + 1], temperature, entropy,
                                        entropy_grad, recompute=grad)
                 for row in group:
