@@ -19,9 +19,9 @@ from seal_lite.envs.bfcl import load_tasks
 from seal_lite.generation import TransformersGenerator
 from seal_lite.interface import TrainingInterface
 from seal_lite.llamacpp import LlamaCppGenerator
-from seal_lite.loop import select_task_ids
 from seal_lite.models import gguf_path, resolve_model
 from seal_lite.recipe import load_recipe
+from seal_lite.runner import select_task_ids
 from seal_lite.training.policy import load_policy
 
 

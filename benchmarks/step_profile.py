@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from seal_lite.loop import run
 from seal_lite.recipe import load_recipe
+from seal_lite.runner import run
 from seal_lite.store import Store
 
 PHASES = ["sync", "render", "prefill", "decode", "environment", "verify", "diagnoser", "store", "update"]

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from seal_lite.diagnosis.labels import SUCCESS_LABELS
-from seal_lite.loop import run_status
+from seal_lite.runner import run_status
 from seal_lite.store import Store
 
 RECIPE = "recipes/cpu-qwen0.5b.yaml"

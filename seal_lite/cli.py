@@ -70,7 +70,7 @@ def _load(recipe_path, overrides, check: bool = False, out: str | None = None):
 
 def _free_out_dir(base: Path) -> Path:
     """runs/NAME, or runs/NAME-2, -3, ...: the first that holds no finished run (an unfinished one resumes)."""
-    from seal_lite.loop import run_status
+    from seal_lite.runner import run_status
 
     candidate, n = base, 1
     while run_status(candidate) == "finished":
@@ -101,7 +101,7 @@ def run(recipe, out, overrides, overwrite):
       seal-lite run recipes/quickstart.yaml --set grpo.steps=1 --out runs/try
     """
     config = _load(recipe, overrides, check=True, out=out)
-    from seal_lite.loop import DiskFullError, RunMismatchError, ScreenError, run_status
+    from seal_lite.runner import DiskFullError, RunMismatchError, ScreenError, run_status
 
     out_dir = Path(out) if out else config.out_dir() if overwrite else _free_out_dir(config.out_dir())
     status = run_status(out_dir)
@@ -115,8 +115,8 @@ def run(recipe, out, overrides, overwrite):
         click.echo(f"{out_dir} holds an unfinished run ({status}): resuming it.")
 
     from seal_lite.console import RichProgress, print_recipe, print_summary
-    from seal_lite.loop import run as run_loop
     from seal_lite.models import ModelSourceError
+    from seal_lite.runner import run as run_loop
     from seal_lite.training.policy import PolicyBackendError
 
     print_recipe(config, out_dir)
@@ -150,8 +150,8 @@ def screen(recipe, out, overrides, samples):
     if config.data.screen is None:
         config = _load(recipe, overrides + ("data.screen=4",))
     from seal_lite.console import RichProgress, print_screen
-    from seal_lite.loop import screen_slice, select_task_ids, slice_tasks
     from seal_lite.models import ModelSourceError, resolve_model
+    from seal_lite.runner import screen_slice, select_task_ids, slice_tasks
     from seal_lite.store import Store
     from seal_lite.training.policy import PolicyBackendError, load_policy
 

@@ -109,9 +109,9 @@ def result_rows(model_label: str, split: str, results: list[TaskResult]) -> list
 def evaluation_engine(recipe: Recipe, adapter: Path | None, work_dir: Path):
     """A generator for the recipe's policy model, with the LoRA adapter saved in ``adapter`` (a run's
     ``adapter/`` or checkpoint directory) or without one (the base model). The engine is the run's own
-    (seal_lite.loop.rollout_engine): llama.cpp on a CPU for a GGUF model, else transformers."""
-    from seal_lite.loop import rollout_engine
+    (seal_lite.runner.rollout_engine): llama.cpp on a CPU for a GGUF model, else transformers."""
     from seal_lite.models import resolve_model
+    from seal_lite.runner import rollout_engine
     from seal_lite.training.policy import load_policy
 
     recipe = recipe.model_copy(update={"rollout": evaluation_rollout(recipe.rollout)})

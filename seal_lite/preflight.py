@@ -5,6 +5,9 @@ validation: the models it names are installed or on disk (and look like what the
 ids exist, the backends it asks for can run here. Every check is cheap: file metadata, pip metadata, the first
 bytes of a file and the BFCL id lists; no model is loaded and nothing is downloaded. Each problem is a
 ``(field, value, message)`` whose message says what to do instead.
+
+The checks take the recipe's sections (``recipe.PolicyConfig`` and so on) but do not import ``recipe``, which
+calls them from its validators: the recipe depends on these checks, not the other way round.
 """
 
 from __future__ import annotations
@@ -13,11 +16,7 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import urlparse
-
-if TYPE_CHECKING:
-    from seal_lite.recipe import DataConfig, DiagnoserConfig, PolicyConfig, Recipe
 
 Problem = tuple[str, object, str]  # (dotted field, value, what is wrong and the fix)
 
@@ -132,7 +131,7 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def policy_problems(policy: PolicyConfig) -> list[Problem]:
+def policy_problems(policy) -> list[Problem]:
     problems = []
     if (problem := model_problem(policy.model)) is not None:
         problems.append(("policy.model", policy.model, problem))
@@ -148,7 +147,7 @@ def policy_problems(policy: PolicyConfig) -> list[Problem]:
     return problems
 
 
-def data_problems(data: DataConfig) -> list[Problem]:
+def data_problems(data) -> list[Problem]:
     from seal_lite.envs.bfcl import CATEGORIES, category_of, task_ids_of
 
     problems = []
@@ -167,7 +166,7 @@ def data_problems(data: DataConfig) -> list[Problem]:
     return problems
 
 
-def diagnoser_problems(diagnoser: DiagnoserConfig) -> list[Problem]:
+def diagnoser_problems(diagnoser) -> list[Problem]:
     if diagnoser.mode in ("off", "url"):
         return []
     problems = []
@@ -189,7 +188,7 @@ def url_problem(url: str) -> str | None:
     return None
 
 
-def recipe_problems(recipe: Recipe) -> list[Problem]:
+def recipe_problems(recipe) -> list[Problem]:
     """What spans sections: the tasks the data section selects, and who plays the rollouts."""
     from seal_lite.envs.bfcl import split_ids
 

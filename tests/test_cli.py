@@ -156,7 +156,7 @@ def test_the_paper_recipe_says_what_the_paper_did():
 
 
 def test_each_ablation_is_the_paper_recipe_minus_its_part():
-    from seal_lite.loop import recipe_differences
+    from seal_lite.runner import recipe_differences
 
     paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml").model_dump()
     ablated = {
@@ -176,7 +176,7 @@ def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
     import importlib.util
 
     from seal_lite.cli import _parse_overrides
-    from seal_lite.loop import recipe_differences
+    from seal_lite.runner import recipe_differences
 
     spec = importlib.util.spec_from_file_location("cpu_experiment", ROOT / "scripts" / "cpu_experiment.py")
     experiment = importlib.util.module_from_spec(spec)

@@ -147,8 +147,8 @@ def test_the_two_first_reported_cases_through_the_installed_command(tmp_path):
 def test_a_run_that_fails_before_storing_a_step_leaves_no_directory(tmp_path, monkeypatch, tiny_model_dir):
     """What preflight cannot know (a hub model that turns out not to load, a policy that does not fit) fails in
     the run; if no step was stored, the directories the run created go too. One that existed stays."""
-    from seal_lite.loop import run
     from seal_lite.recipe import load_recipe
+    from seal_lite.runner import run
     from seal_lite.training import policy
 
     def broken(*args, **kwargs):

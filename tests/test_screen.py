@@ -6,8 +6,8 @@ from conftest import HalfRightOnSome
 
 from seal_lite.cli import main
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.loop import ScreenError, frontier_task_ids
 from seal_lite.recipe import Recipe
+from seal_lite.runner import ScreenError, frontier_task_ids
 from seal_lite.screen import frontier, screen_tasks
 from seal_lite.store import Store
 

@@ -279,7 +279,7 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         logging_steps=updates,
         save_strategy="steps",
         save_steps=updates,  # a checkpoint at the end of every SEAL step
-        save_total_limit=None,  # the loop prunes to grpo.keep_checkpoints after each commit (loop._prune_checkpoints)
+        save_total_limit=None,  # the loop prunes to grpo.keep_checkpoints after each commit (runner._prune_checkpoints)
         report_to="none",
         disable_tqdm=True,
         seed=recipe.seed,
