@@ -8,8 +8,11 @@ must exist; and docs/commands.md must hold each command's current `--help`, whic
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -207,3 +210,43 @@ def test_commands_md_holds_every_commands_current_help():
         "docs/commands.md's --help section is out of date: run python scripts/make_docs.py"
     for path in make_docs.command_paths():
         assert f"### `{' '.join(('seal-lite', *path))}`" in text
+
+
+def tour_lines() -> list[str]:
+    """The seal-lite lines of the README's tour, in order (the first command of the README runs the quickstart)."""
+    readme = (ROOT / "README.md").read_text()
+    tour = readme.split("## A five-minute tour", 1)[1].split("\n## ", 1)[0]
+    return [line for language, body in code_blocks(tour) if language == "bash"
+            for line in body.splitlines() if line.startswith("seal-lite ")]
+
+
+@pytest.mark.slow
+def test_the_readme_tour_runs_as_printed(tmp_path):
+    """Each tour command, word for word, on a small real run in runs/quickstart (SmolLM2, real BFCL, one step).
+
+    The run itself is the quickstart with smaller budgets and the README's trajectory's task, so the printed
+    `--trajectory` id exists; `seal-lite eval` then inherits those budgets from the run's recipe."""
+    from seal_lite.loop import select_task_ids
+
+    lines = tour_lines()
+    (trajectory,) = {word for line in lines for word in re.findall(r"--trajectory (\S+)", line)}
+    task = re.fullmatch(r"s1-(.+)-g0", trajectory).group(1)
+    assert task in select_task_ids(load_recipe()), "the README's trajectory is not from the quickstart's tasks"
+    settings = [f"data.task_ids=[{task}]", "grpo.tasks_per_step=1", "grpo.steps=1", "rollout.num_generations=2",
+                "rollout.max_new_tokens=16", "rollout.max_model_calls=2", "rollout.max_turns=1",
+                "diagnoser.max_per_step=1"]
+    environment = {**os.environ, "COLUMNS": "200", "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+    def seal_lite(arguments: list[str]) -> str:
+        result = subprocess.run([sys.executable, "-m", "seal_lite", *arguments], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=1800, env=environment, check=False)
+        assert result.returncode == 0, f"seal-lite {shlex.join(arguments)}:\n{result.stderr[-3000:]}"
+        return result.stdout
+
+    seal_lite(["run", *[word for setting in settings for word in ("--set", setting)]])
+    assert (tmp_path / "runs" / "quickstart" / "seal.db").is_file()
+    outputs = {line: seal_lite(shlex.split(line)[1:]) for line in lines if line != "seal-lite run"}
+    assert trajectory in outputs[next(line for line in lines if "--trajectory" in line)]
+    assert (tmp_path / "runs" / "quickstart" / "report" / "report.html").is_file()
+    assert "base" in outputs[next(line for line in lines if line.startswith("seal-lite eval"))]
