@@ -1,0 +1,252 @@
+"""The README and the manual in docs/ cannot drift from the code (as sqlite-utils tests its docs).
+
+Every `seal-lite ...` command they print (in code blocks and inline code) must name a real command, use only
+options that command accepts, and set only recipe fields that exist; every recipe and relative link they name
+must exist; and docs/commands.md must hold each command's current `--help`, which scripts/make_docs.py writes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+
+from seal_lite.cli import main
+from seal_lite.recipe import RecipeError, load_recipe
+
+ROOT = Path(__file__).parent.parent
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md", *DOCS]
+
+spec = importlib.util.spec_from_file_location("make_docs", ROOT / "scripts" / "make_docs.py")
+make_docs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(make_docs)
+
+
+def without_generated_help(text: str) -> str:
+    """docs/commands.md's generated section is checked against --help itself, not parsed as prose."""
+    if make_docs.START in text:
+        return text.replace(make_docs.current_section(text), "")
+    return text
+
+
+def code_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced code block."""
+    return re.findall(r"^ *```(\w*)\n(.*?)^ *```", text, re.MULTILINE | re.DOTALL)
+
+
+def command_lines(text: str) -> list[str]:
+    """Every seal-lite command line: lines of code blocks and inline code spans, from `seal-lite` on.
+
+    A `# comment`, a pipe into another program (`| jq ...`) and anything after `&&` or `;` are cut off; a
+    synopsis keeps its brackets (`[--out DIR]`, `(RUN | MODEL)`), since only the words are checked."""
+    text = without_generated_help(text)
+    candidates = [line for _, body in code_blocks(text) for line in re.sub(r"\\\n\s*", "", body).splitlines()]
+    prose = re.sub(r"^ *```\w*\n.*?^ *```", "", text, flags=re.MULTILINE | re.DOTALL)
+    candidates += re.findall(r"`([^`\n]*seal-lite [^`\n]*)`", prose)
+    lines = []
+    for candidate in candidates:
+        match = re.search(r"(?:^|[\s/!])seal-lite( .*|$)", candidate)
+        if not match:
+            continue
+        line = "seal-lite" + match.group(1)
+        line = re.split(r"\s+#\s|\s&&\s|;\s|\s\|\s(?![A-Z(])", line)[0]
+        lines.append(line.strip())
+    return lines
+
+
+def resolve(words: list[str]) -> tuple[list[str], click.Command]:
+    """The command path at the start of words (after seal-lite) and its click command."""
+    command, names = main, []
+    while words and isinstance(command, click.Group) and words[0] in command.commands:
+        names.append(words.pop(0))
+        command = command.commands[names[-1]]
+    return names, command
+
+
+def problems_of(line: str) -> list[str]:
+    """What is wrong with one printed seal-lite command line, against the real command tree and recipe schema."""
+    words = re.findall(r"[^\s\[\]()|]+", line)[1:]
+    names, command = resolve(list(words))
+    if words and not names and not words[0].startswith("-"):
+        return [f"{line!r}: seal-lite has no command {words[0]!r}"]
+    if isinstance(command, click.Group) and command is not main:
+        rest = words[len(names):]
+        if rest and not rest[0].startswith("-"):
+            return [f"{line!r}: seal-lite {' '.join(names)} has no subcommand {rest[0]!r}"]
+    known = {opt for parameter in command.params for opt in [*parameter.opts, *parameter.secondary_opts]}
+    known |= {"--help", "-h"} | ({"--version"} if command is main else set())
+    problems = []
+    for word in words[len(names):]:
+        option = word.split("=", 1)[0]
+        if option.startswith("--") and option not in known:
+            problems.append(f"{line!r}: seal-lite {' '.join(names)} has no option {option}")
+    problems += override_problems(line, names)
+    return problems
+
+
+def override_problems(line: str, names: list[str]) -> list[str]:
+    """Each concrete `--set section.field=value` must load into the recipe it is given with."""
+    try:
+        words = shlex.split(line)[1:]
+    except ValueError:
+        return []
+    recipe = None
+    if names and names[0] in {"run", "recipe", "screen"} and len(words) > 1 and words[1].endswith(".yaml"):
+        recipe = ROOT / words[1]
+    problems = []
+    for flag, value in zip(words, words[1:]):
+        key, _, text = value.partition("=")
+        if flag != "--set" or not re.fullmatch(r"[a-z_]+(\.[a-z_]+)+", key):
+            continue
+        try:
+            load_recipe(recipe, {key: yaml.safe_load(text)})
+        except RecipeError as error:
+            problems.append(f"{line!r}: --set {value}: {error}")
+    return problems
+
+
+def test_the_readme_starts_with_the_two_commands_that_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    first = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert readme.startswith("```bash\n")
+    assert first == ["bash scripts/setup.sh && .venv/bin/seal-lite run",
+                     "bash scripts/setup.sh && .venv/bin/python -m pytest -q"]
+    assert first[1] in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_readme_is_a_front_page():
+    """At most about 10,000 characters, and every page of the manual says first what a reader finds there."""
+    assert len((ROOT / "README.md").read_text()) <= 10_500
+    for page in DOCS:
+        lines = page.read_text().splitlines()
+        assert lines[0].startswith("# ") and lines[1] == "" and lines[2] and not lines[2].startswith(("#", "|", "-")), \
+            f"{page.name}: a title, then a sentence on what the page holds"
+
+
+def test_the_manual_index_lists_every_page():
+    index = (ROOT / "docs" / "README.md").read_text()
+    for page in DOCS:
+        if page.name != "README.md":
+            assert f"]({page.name})" in index, f"docs/README.md does not list {page.name}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_printed_command_and_option_exists(page):
+    lines = command_lines(page.read_text())
+    problems = [problem for line in lines for problem in problems_of(line)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_readme_prints_the_tour():
+    lines = command_lines((ROOT / "README.md").read_text())
+    tour = {tuple(resolve(line.split()[1:])[0]) for line in lines}
+    assert tour >= {("run",), ("prompt",), ("diagnose",), ("interface", "show"), ("report",), ("eval",)}
+
+
+def test_the_checker_catches_a_removed_option_a_missing_command_and_a_field():
+    assert problems_of("seal-lite run --out runs/x --set grpo.steps=1") == []
+    assert problems_of("seal-lite eval (RUN | MODEL) [--split eval|train|IDS] [--tasks N]") == []
+    assert problems_of("seal-lite diagnose runs/quickstart --json | jq .labels") == []
+    assert "has no option --no-such-option" in problems_of("seal-lite run --no-such-option")[0]
+    assert "has no command 'fly'" in problems_of("seal-lite fly")[0]
+    assert "has no subcommand 'rename'" in problems_of("seal-lite interface rename runs/x")[0]
+    assert "grpo.no_such_field" in problems_of("seal-lite run --set grpo.no_such_field=1")[0]
+    assert len(command_lines("Try `seal-lite run --fast`.\n```bash\n$ .venv/bin/seal-lite eval x --nope  # c\n```")) == 2
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_recipe_override_names_a_real_field(page):
+    """`--set section.field=value` anywhere, also outside a seal-lite line, loads into the default recipe."""
+    problems = []
+    text = without_generated_help(page.read_text())
+    for key, value in re.findall(r"--set ([a-z_]+(?:\.[a-z_]+)+)=([^\s`'\"]+)", text):
+        try:
+            load_recipe(None, {key: yaml.safe_load(value)})
+        except RecipeError as error:
+            problems.append(f"--set {key}={value}: {error}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_recipe_and_relative_link_exists(page):
+    text = without_generated_help(page.read_text())
+    missing = [path for path in re.findall(r"recipes/[\w.-]+\.yaml", text) if not (ROOT / path).is_file()]
+    if page.name in {"README.md", "recipes.md"}:
+        names = re.findall(r"`([\w.*-]+\.yaml)`", text)
+        missing += [name for name in names if name != "recipe.yaml" and not list((ROOT / "recipes").glob(name))]
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"\w+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            missing.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text()):
+            missing.append(target)
+    assert not missing, f"{page.relative_to(ROOT)} names what does not exist: {missing}"
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"^ *```.*?^ *```", "", text, flags=re.MULTILINE | re.DOTALL)
+    slugs = set()
+    for heading in re.findall(r"^#+ (.+)$", text, re.MULTILINE):
+        slugs.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return slugs
+
+
+def test_commands_md_holds_every_commands_current_help():
+    text = (ROOT / "docs" / "commands.md").read_text()
+    assert make_docs.current_section(text) == make_docs.help_section(), \
+        "docs/commands.md's --help section is out of date: run python scripts/make_docs.py"
+    for path in make_docs.command_paths():
+        assert f"### `{' '.join(('seal-lite', *path))}`" in text
+
+
+def tour_lines() -> list[str]:
+    """The seal-lite lines of the README's tour, in order (the first command of the README runs the quickstart)."""
+    readme = (ROOT / "README.md").read_text()
+    tour = readme.split("## A five-minute tour", 1)[1].split("\n## ", 1)[0]
+    return [line for language, body in code_blocks(tour) if language == "bash"
+            for line in body.splitlines() if line.startswith("seal-lite ")]
+
+
+@pytest.mark.slow
+def test_the_readme_tour_runs_as_printed(tmp_path):
+    """Each tour command, word for word, on a small real run in runs/quickstart (SmolLM2, real BFCL, one step).
+
+    The run itself is the quickstart with smaller budgets and the README's trajectory's task, so the printed
+    `--trajectory` id exists; `seal-lite eval` then inherits those budgets from the run's recipe."""
+    from seal_lite.loop import select_task_ids
+
+    lines = tour_lines()
+    (trajectory,) = {word for line in lines for word in re.findall(r"--trajectory (\S+)", line)}
+    task = re.fullmatch(r"s1-(.+)-g0", trajectory).group(1)
+    assert task in select_task_ids(load_recipe()), "the README's trajectory is not from the quickstart's tasks"
+    settings = [f"data.task_ids=[{task}]", "grpo.tasks_per_step=1", "grpo.steps=1", "rollout.num_generations=2",
+                "rollout.max_new_tokens=16", "rollout.max_model_calls=2", "rollout.max_turns=1",
+                "diagnoser.max_per_step=1"]
+    environment = {**os.environ, "COLUMNS": "200", "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+    def seal_lite(arguments: list[str]) -> str:
+        result = subprocess.run([sys.executable, "-m", "seal_lite", *arguments], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=1800, env=environment, check=False)
+        assert result.returncode == 0, f"seal-lite {shlex.join(arguments)}:\n{result.stderr[-3000:]}"
+        return result.stdout
+
+    seal_lite(["run", *[word for setting in settings for word in ("--set", setting)]])
+    assert (tmp_path / "runs" / "quickstart" / "seal.db").is_file()
+    outputs = {line: seal_lite(shlex.split(line)[1:]) for line in lines if line != "seal-lite run"}
+    assert trajectory in outputs[next(line for line in lines if "--trajectory" in line)]
+    assert (tmp_path / "runs" / "quickstart" / "report" / "report.html").is_file()
+    assert "base" in outputs[next(line for line in lines if line.startswith("seal-lite eval"))]
