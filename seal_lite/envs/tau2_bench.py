@@ -26,6 +26,7 @@ to the other side (a bad rollout is data), while a server that does not answer r
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -85,12 +86,17 @@ def reward_needs_the_user(task: Task) -> bool:
 def changes_state(domain: str, task: Task) -> bool:
     """Whether the ground truth writes to the domain's database or the user's device: only then does doing
     nothing fail the DB and environment checks."""
+    writes = _write_tools(domain)
+    return any((action.requestor, action.name) in writes for action in task.evaluation_criteria.actions or [])
+
+
+@functools.cache
+def _write_tools(domain: str) -> frozenset[tuple[str, str]]:
+    """(requestor, tool name) of the domain's tools that write (building an environment loads its database)."""
     environment = registry.get_env_constructor(domain)()
-    for action in task.evaluation_criteria.actions or []:
-        tools = environment.user_tools if action.requestor == "user" else environment.tools
-        if tools is not None and tools.has_tool(action.name) and tools.tool_type(action.name) == ToolType.WRITE:
-            return True
-    return False
+    return frozenset((requestor, name) for requestor, tools in (("assistant", environment.tools),
+                                                                ("user", environment.user_tools))
+                     if tools is not None for name in tools.get_tools() if tools.tool_type(name) == ToolType.WRITE)
 
 
 def decided_by_actions(task: Task) -> bool:
