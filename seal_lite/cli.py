@@ -277,7 +277,7 @@ def _eval_task_ids(split: str, per_category: int | None) -> list[str]:
 @click.option("--user-model", metavar="SPEC", help="With --benchmark tau2: the user simulator, a registry name, "
               ".gguf or server URL (default: the policy's base model). 7B or larger plays it faithfully.")
 @click.option("--max-steps", type=click.IntRange(min=1), help="With --benchmark tau2: end a conversation after "
-              "this many messages (default: τ²'s 100); a conversation cut short scores 0.")
+              "this many messages (default: τ²'s 200); a conversation cut short scores 0.")
 @click.pass_context
 def evaluate_command(ctx, target, split, per_category, base, steps, overrides, json_file, view, benchmark, domains,
                      user_model, max_steps):

@@ -48,6 +48,7 @@ logger.add(sys.stderr, level="ERROR")
 
 from tau2.agent.base import LocalAgent  # noqa: E402 (tau2 after the set-up above)
 from tau2.agent.llm_agent import LLMAgent, LLMAgentState  # noqa: E402
+from tau2.config import DEFAULT_MAX_ERRORS, DEFAULT_MAX_STEPS  # noqa: E402
 from tau2.data_model.message import (  # noqa: E402
     AssistantMessage,
     MultiToolMessage,
@@ -66,8 +67,8 @@ from tau2.user.user_simulator import UserSimulator  # noqa: E402
 
 DOMAINS = ("retail", "airline", "telecom")
 TASK_SPLIT = "base"  # τ²'s published task set: retail 114, airline 50, telecom 114 (of telecom's 2,285)
-MAX_STEPS = 100  # τ²'s defaults (tau2 run --max-steps, --max-errors)
-MAX_ERRORS = 10
+MAX_STEPS = DEFAULT_MAX_STEPS  # τ²'s own defaults (`tau2 run`): 200 messages, 10 failed tool calls
+MAX_ERRORS = DEFAULT_MAX_ERRORS
 
 
 def load_tasks(domain: str, limit: int | None = None) -> list[Task]:
