@@ -410,7 +410,9 @@ def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrid
         policy = chat_model(policy_spec)
     except ModelSourceError as error:
         raise click.BadParameter(f"{error}; τ² serves a model with llama.cpp (a registry name or .gguf) or reaches "
-                                 "it at an OpenAI-compatible URL (http://...)", param_hint="TARGET") from None
+                                 "it at an OpenAI-compatible URL (http://...): on a GPU, serve it, e.g. `vllm serve "
+                                 "MODEL --enable-lora --lora-modules seal=RUN/adapter`, and pass 'http://HOST:PORT#seal'",
+                                 param_hint="TARGET") from None
     try:
         user = chat_model(user_spec)
     except ModelSourceError as error:

@@ -199,3 +199,32 @@ def test_one_real_conversation_per_domain_with_a_small_local_model(tmp_path):
     assert summary["mean"]["tasks"] == 3 and "pass^1" in summary["retail"]
     assert "τ²-bench pass^1" in result.stdout and "telecom" in result.stdout
 
+
+
+@pytest.mark.slow
+def test_a_runs_lora_is_served_on_top_of_the_policy_gguf(tmp_path, smol_dir):
+    """The path `eval RUN --benchmark tau2` takes for a trained adapter: the PEFT adapter exported to a LoRA GGUF
+    and given to llama.cpp's server with the base GGUF; a LoRA that changes the model changes the answer."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from seal_lite.recipe import load_recipe
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(smol_dir, dtype=torch.float32),
+                           LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)
+    model.save_pretrained(tmp_path / "adapter")
+    lora = ood.export_adapter("smollm2-135m", tmp_path / "adapter", tmp_path / "policy-lora.gguf", load_recipe(None, {}))
+    messages = [{"role": "user", "content": "Name a colour."}]
+    schema = tau2_bench.answer_schema(None)
+    answers = []
+    for model_spec in (ood.chat_model("smollm2-135m"), ood.chat_model("smollm2-135m", lora)):
+        with ood.serving(model_spec, n_ctx=2048) as chat:
+            answers.append(json.loads(chat.complete(messages, schema, 64, 300)))
+    assert all(set(answer) == {"message"} for answer in answers)  # the schema held on both servers
+    assert answers[0] != answers[1]
