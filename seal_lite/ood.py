@@ -79,6 +79,7 @@ def serving(model: ChatModel, n_ctx: int = CONTEXT_TOKENS):
 
     if model.gguf is None:
         url, _, name = model.spec.partition("#")
+        url = url.rstrip("/").removesuffix("/v1")  # ServerModel adds /v1/chat/completions
         yield ServerModel(url, model=name or None, json_format="openai")
         return
     with LocalServer(model.gguf, n_ctx=n_ctx, lora_path=model.lora, startup_timeout_s=600) as server:
