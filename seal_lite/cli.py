@@ -312,10 +312,9 @@ def evaluate_command(ctx, target, split, per_category, base, steps, overrides, j
         _evaluate_tau2(target, domains or ("retail", "airline", "telecom"), per_category, user_model, base, steps,
                        overrides, json_file, max_steps)
         return
-    for name in ("domains", "user_model", "max_steps"):
+    for name, flag in (("domains", "--domain"), ("user_model", "--user-model"), ("max_steps", "--max-steps")):
         if ctx.params[name]:
-            raise click.BadParameter("needs --benchmark tau2", param_hint="--" + name.removesuffix("s").replace("_", "-")
-                                     if name == "domains" else "--" + name.replace("_", "-"))
+            raise click.BadParameter("needs --benchmark tau2", param_hint=flag)
     import tempfile
 
     from seal_lite.console import EvalProgress, print_evaluation
