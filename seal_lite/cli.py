@@ -269,8 +269,19 @@ def _eval_task_ids(split: str, per_category: int | None) -> list[str]:
 @click.option("--view", type=click.Choice(["official", "signatures"]), default="official", show_default=True,
               help="official: BFCL's own task (every tool doc in full). signatures: one line per tool; its results "
                    "are not BFCL scores and are marked so wherever they are printed or stored.")
-def evaluate_command(target, split, per_category, base, steps, overrides, json_file, view):
-    """Evaluate a run's trained policy or a model on held-out BFCL tasks.
+@click.option("--benchmark", type=click.Choice(["bfcl", "tau2"]), default="bfcl", show_default=True,
+              help="bfcl: held-out BFCL multi-turn tasks. tau2: τ²-bench (out of distribution), the policy as the "
+                   "agent and a local user simulator; needs the ood extra (docs/tau2.md).")
+@click.option("--domain", "domains", type=click.Choice(["retail", "airline", "telecom"]), multiple=True,
+              help="With --benchmark tau2: a τ² domain (repeatable; default: all three).")
+@click.option("--user-model", metavar="SPEC", help="With --benchmark tau2: the user simulator, a registry name, "
+              ".gguf or server URL (default: the policy's base model). 7B or larger plays it faithfully.")
+@click.option("--max-steps", type=click.IntRange(min=1), help="With --benchmark tau2: end a conversation after "
+              "this many messages (default: τ²'s 200); a conversation cut short scores 0.")
+@click.pass_context
+def evaluate_command(ctx, target, split, per_category, base, steps, overrides, json_file, view, benchmark, domains,
+                     user_model, max_steps):
+    """Evaluate a run's trained policy or a model on held-out BFCL tasks, or on τ²-bench.
 
     TARGET is a run directory (its recipe and trained LoRA; results are stored in its seal.db) or a model
     (a registry name, .gguf, directory or hub id). Decoding is greedy and the view is the official BFCL surface
@@ -279,13 +290,31 @@ def evaluate_command(target, split, per_category, base, steps, overrides, json_f
     categories, beside the turn pass rate (share of ground-truth turns passed). Episode budgets (turns, messages,
     tokens) come from the recipe's rollout section.
 
+    With --benchmark tau2 the policy plays τ²-bench's agent (retail, airline, telecom) against a local user
+    simulator, and the score is τ²'s pass^1 per domain and their mean. TARGET may then also be the URL of an
+    OpenAI-compatible server (vLLM on a GPU); GGUF models and a run's LoRA are served by llama.cpp. Each task
+    takes minutes on a CPU (docs/tau2.md).
+
     \b
     Examples:
       seal-lite eval runs/quickstart --base --tasks 5
       seal-lite eval runs/quickstart --step 1 --step 2 --split train --tasks 2
       seal-lite eval smollm2-135m --split multi_turn_base_1,multi_turn_miss_func_3 --json base.json
+      seal-lite eval runs/paper --base --benchmark tau2 --domain retail --tasks 10 --user-model qwen7b.gguf
     """
     import json
+
+    if benchmark == "tau2":
+        for name in ("split", "view"):
+            if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
+                raise click.BadParameter("BFCL only; τ² plays its own tasks (choose them with --domain and --tasks)",
+                                         param_hint=f"--{name}")
+        _evaluate_tau2(target, domains or ("retail", "airline", "telecom"), per_category, user_model, base, steps,
+                       overrides, json_file, max_steps)
+        return
+    for name, flag in (("domains", "--domain"), ("user_model", "--user-model"), ("max_steps", "--max-steps")):
+        if ctx.params[name]:
+            raise click.BadParameter("needs --benchmark tau2", param_hint=flag)
     import tempfile
 
     from seal_lite.console import EvalProgress, print_evaluation
@@ -332,6 +361,86 @@ def evaluate_command(target, split, per_category, base, steps, overrides, json_f
     print_evaluation(summaries)
     if json_file:
         Path(json_file).write_text(json.dumps({"summary": summaries, "tasks": everything}, indent=2))
+
+
+def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrides, json_file, max_steps):
+    """``seal-lite eval --benchmark tau2``: the policy (and with --base its base model) as τ²'s agent."""
+    import json
+    import tempfile
+
+    from seal_lite.console import Tau2Progress, print_tau2
+    from seal_lite.llamacpp import BackendError
+    from seal_lite.models import ModelSourceError
+    from seal_lite.ood import (
+        Tau2NotInstalled,
+        chat_model,
+        evaluate_tau2,
+        export_adapter,
+        is_url,
+        require_tau2,
+        result_rows,
+        serving,
+        summarize,
+    )
+
+    try:
+        require_tau2()
+    except Tau2NotInstalled as error:
+        raise click.ClickException(str(error)) from None
+    run_dir = Path(target) if (Path(target) / "seal.db").exists() else None
+    store, config = None, None
+    if run_dir is not None:
+        from seal_lite.store import Store
+
+        store = Store(run_dir / "seal.db")
+        try:
+            config = load_recipe(None, {**json.loads(store.run()["recipe"]), **_parse_overrides(overrides)})
+        except RecipeError as error:
+            raise click.ClickException(f"invalid recipe:\n{error}") from None
+        policy_spec = config.policy.model
+        variants = [("base", None)] if base else []
+        variants += [(f"step {step}", path) for step, path in _trained_adapters(store, run_dir, steps)]
+    else:
+        if base or steps:
+            raise click.BadParameter("--base and --step need a run directory", param_hint="TARGET")
+        policy_spec, variants = target, [(target, None)]
+    user_spec = user_model or policy_spec
+    try:
+        policy = chat_model(policy_spec)
+    except ModelSourceError as error:
+        raise click.BadParameter(f"{error}; τ² serves a model with llama.cpp (a registry name or .gguf) or reaches "
+                                 "it at an OpenAI-compatible URL (http://...): on a GPU, serve it, e.g. `vllm serve "
+                                 "MODEL --enable-lora --lora-modules seal=RUN/adapter`, and pass 'http://HOST:PORT#seal'",
+                                 param_hint="TARGET") from None
+    try:
+        user = chat_model(user_spec)
+    except ModelSourceError as error:
+        raise click.BadParameter(f"{error}; or give a server URL (http://...)", param_hint="--user-model") from None
+    from seal_lite.envs.tau2_bench import load_tasks
+
+    total = sum(len(load_tasks(domain, per_domain)) for domain in domains)
+    summaries, everything = {}, {}
+    try:
+        with serving(user) as user_chat:
+            for label, adapter in variants:
+                click.echo(f"τ²: {label} as the agent, {user.label} as the user, {total} tasks ...", err=True)
+                with tempfile.TemporaryDirectory() as work:
+                    lora = export_adapter(policy_spec, adapter, Path(work) / "policy-lora.gguf", config) \
+                        if adapter else None
+                    agent = chat_model(policy_spec, lora) if not is_url(policy_spec) else policy
+                    with serving(agent) as agent_chat, Tau2Progress(label, total) as progress:
+                        results = evaluate_tau2(agent_chat, user_chat, list(domains), per_domain, max_steps,
+                                                on_result=progress)
+                summaries[label] = summarize(results)
+                everything[label] = [vars(result) for result in results]
+                if store is not None:
+                    store.save_evaluations(result_rows(label, user.label, results))
+    except BackendError as error:
+        raise click.ClickException(f"a model stopped answering: {error}") from None
+    print_tau2(summaries, user.label)
+    if json_file:
+        Path(json_file).write_text(json.dumps({"benchmark": "tau2", "user_model": user.label, "summary": summaries,
+                                               "tasks": everything}, indent=2))
 
 
 @main.command()

@@ -112,6 +112,34 @@ class EvalProgress:
             progress_console.print(f"  {self.done}/{self.total} {status}", highlight=False)
 
 
+class Tau2Progress(EvalProgress):
+    """EvalProgress for τ² tasks: each task's reward, how the conversation ended, and its time."""
+
+    def __call__(self, result) -> None:
+        self.done += 1
+        self.passed += result.reward == 1.0
+        status = (f"{self.passed} passed; {result.domain} {result.task_id}: reward {result.reward:g} "
+                  f"({result.termination}, {result.messages} messages, {result.seconds:.0f} s)")
+        self.bars.update(self.bar, advance=1, status=status)
+        if not progress_console.is_terminal:
+            progress_console.print(f"  {self.done}/{self.total} {status}", highlight=False)
+
+
+def print_tau2(summaries: dict[str, dict[str, dict[str, float]]], user_label: str) -> None:
+    """Domains as rows, one column per evaluated model: pass^1 in %."""
+    table = Table(title=f"τ²-bench pass^1 % (user simulator: {user_label})")
+    table.add_column("domain")
+    for label in summaries:
+        table.add_column(label, justify="right")
+    from seal_lite.ood import DOMAINS
+
+    for domain in (*DOMAINS, "mean"):
+        if any(domain in summary for summary in summaries.values()):
+            table.add_row(domain, *(f"{100 * s[domain]['pass^1']:.1f}  n={s[domain]['tasks']}" if domain in s else "-"
+                                    for s in summaries.values()))
+    console.print(table)
+
+
 def print_screen(pass_rates: dict[str, float], samples: int) -> None:
     """The screen's result: each task's passes, frontier tasks marked, and how many a run would keep."""
     table = Table(title=f"frontier screen ({samples} samples per task)")

@@ -101,7 +101,8 @@ def result_rows(model_label: str, split: str, results: list[TaskResult]) -> list
     """Rows of the store's ``evaluations`` table."""
     now = time.time()
     return [{"model": model_label, "task_id": r.task_id, "category": r.category, "split": split, "valid": r.valid,
-             "turns_passed": r.turns_passed, "turns": r.turns, "labels": r.labels, "created_at": now}
+             "turns_passed": r.turns_passed, "turns": r.turns, "labels": r.labels, "benchmark": "bfcl",
+             "reward": float(r.valid), "created_at": now}
             for r in results]
 
 

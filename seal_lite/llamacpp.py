@@ -249,14 +249,24 @@ def _copy_cache(source, target, n_tokens: int) -> None:
 
 
 class ServerModel:
-    """An OpenAI-compatible chat endpoint (llama-cpp-python's server, or any URL the user gives)."""
+    """An OpenAI-compatible chat endpoint (llama-cpp-python's server, or any URL the user gives).
 
-    def __init__(self, url: str):
-        self.url = url.rstrip("/")
+    ``json_format`` says how the server takes a JSON schema: llama-cpp-python's server only knows
+    ``{"type": "json_object", "schema": ...}``; OpenAI's own form, ``{"type": "json_schema", ...}``, is what vLLM,
+    SGLang and llama.cpp's ``llama-server`` read. ``model`` is sent as the request's model name where the server
+    serves several (vLLM wants it)."""
+
+    def __init__(self, url: str, model: str | None = None, json_format: str = "llama-cpp-python"):
+        if json_format not in ("llama-cpp-python", "openai"):
+            raise ValueError(f"json_format {json_format!r}: use llama-cpp-python or openai")
+        self.url, self.model, self.json_format = url.rstrip("/"), model, json_format
 
     def complete(self, messages: list[dict], schema: dict, max_tokens: int, timeout_s: float) -> str:
-        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-                "response_format": {"type": "json_object", "schema": schema}}
+        response_format = ({"type": "json_object", "schema": schema} if self.json_format == "llama-cpp-python" else
+                           {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "response_format": response_format}
+        if self.model:
+            body["model"] = self.model
         request = urllib.request.Request(f"{self.url}/v1/chat/completions", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         try:
@@ -280,8 +290,10 @@ class LocalServer:
     which slows the start without the server doing anything wrong, does not fail it; a server that uses no CPU
     (stuck) is given up after ten times that in wall-clock seconds."""
 
-    def __init__(self, model_path: str, n_ctx: int = 4096, n_threads: int | None = None, startup_timeout_s: float = 120):
+    def __init__(self, model_path: str, n_ctx: int = 4096, n_threads: int | None = None, startup_timeout_s: float = 120,
+                 lora_path: str | None = None):
         self.model_path, self.n_ctx, self.n_threads = model_path, n_ctx, n_threads or usable_cores()
+        self.lora_path = lora_path  # a LoRA GGUF (seal_lite/gguf_lora.py) applied on top of the model
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
@@ -295,7 +307,7 @@ class LocalServer:
         self.port = _free_port()
         command = [sys.executable, "-c", _SERVER_BOOTSTRAP, str(os.getpid()), "--model", self.model_path,
                    "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-                   "--n_threads", str(self.n_threads)]
+                   "--n_threads", str(self.n_threads)] + (["--lora_path", self.lora_path] if self.lora_path else [])
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         started = time.monotonic()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -173,22 +174,49 @@ def _evaluation_table(store: Store) -> str:
     from seal_lite.evaluate import TABLE_ROWS, TaskResult, summarize
 
     results = defaultdict(list)
-    for row in store.evaluations():
+    rows = store.evaluations()
+    for row in rows:
+        if row.get("benchmark") == "tau2":  # τ²-bench has its own table
+            continue
         results[row["model"]].append(TaskResult(row["task_id"], row["category"], bool(row["valid"]),
                                                 row["turns_passed"], row["turns"], row["labels"]))
     if not results:
-        return "<h2>Evaluation</h2><p>No evaluation yet: run <code>seal-lite eval RUN --base</code>.</p>"
+        return ("<h2>Evaluation</h2><p>No BFCL evaluation yet: run <code>seal-lite eval RUN --base</code>.</p>"
+                + _tau2_table(rows))
     summaries = {model: summarize(rows) for model, rows in results.items()}
     categories = [c for c in TABLE_ROWS if any(c in summary for summary in summaries.values())]
     head = "".join(f"<th>{html.escape(model)}</th>" for model in summaries)
-    rows = []
+    lines = []
     for category in categories:
         cells = "".join(
             f"<td>{100 * s[category]['accuracy']:.1f} ({100 * s[category]['turn_pass_rate']:.1f}), "
             f"n={s[category]['tasks']}</td>" if category in s else "<td>-</td>" for s in summaries.values())
-        rows.append(f"<tr><th>{category}</th>{cells}</tr>")
+        lines.append(f"<tr><th>{category}</th>{cells}</tr>")
     return ("<h2>Evaluation</h2><p>Official verdict accuracy % (turn pass rate %), greedy, plain interface.</p>"
-            f"<table class='evaluation'><tr><th>category</th>{head}</tr>{''.join(rows)}</table>")
+            f"<table class='evaluation'><tr><th>category</th>{head}</tr>{''.join(lines)}</table>" + _tau2_table(rows))
+
+
+def _tau2_table(rows: list[dict]) -> str:
+    """τ²-bench pass^1 per domain and their mean, one column per evaluated model (``seal-lite eval --benchmark
+    tau2``); nothing when the run has no τ² rows."""
+    from seal_lite.ood import DOMAINS, results_from_rows, summarize
+
+    results = results_from_rows(rows)
+    if not results:
+        return ""
+    summaries = {model: summarize(found) for model, found in results.items()}
+    users = sorted({json.loads(row["detail"] or "{}").get("user_model", "?") for row in rows
+                    if row.get("benchmark") == "tau2"})
+    head = "".join(f"<th>{html.escape(model)}</th>" for model in summaries)
+    lines = []
+    for domain in (*DOMAINS, "mean"):
+        if any(domain in summary for summary in summaries.values()):
+            cells = "".join(f"<td>{100 * s[domain]['pass^1']:.1f}, n={s[domain]['tasks']}</td>" if domain in s
+                            else "<td>-</td>" for s in summaries.values())
+            lines.append(f"<tr><th>{domain}</th>{cells}</tr>")
+    return (f"<h3>τ²-bench (out of distribution)</h3><p>pass^1 % per domain, one greedy trial per task, user "
+            f"simulator: {html.escape(', '.join(users))}. See docs/tau2.md for what the numbers mean.</p>"
+            f"<table class='evaluation tau2'><tr><th>domain</th>{head}</tr>{''.join(lines)}</table>")
 
 
 def _sample_trajectories(store: Store, samples: int) -> str:

