@@ -134,7 +134,7 @@ def backends() -> dict:
         if version is None and role == "required":
             row |= {"ok": False, "note": "missing (seal-lite needs it)", "fix": f"pip install '{pin or distribution}'"}
         elif version is None and role == "ood":
-            row |= {"note": "optional, τ²-bench evaluation (seal-lite eval --benchmark tau2)", "fix": INSTALL_HINT}
+            row |= {"note": "optional, tau2-bench evaluation (seal-lite eval --benchmark tau2)", "fix": INSTALL_HINT}
         elif version is None:
             row["note"] = "optional, 4-bit QLoRA on an NVIDIA GPU" + (
                 " (bitsandbytes also on a CPU: doctor --backend peft-4bit)" if name == "bitsandbytes" else "")

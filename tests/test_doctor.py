@@ -61,7 +61,7 @@ def test_a_wrong_or_missing_backend_is_flagged_with_its_fix(monkeypatch):
     assert rows["unsloth"]["ok"] and rows["unsloth"]["installed"]  # the gpu extra's pin holds
     assert rows["tau2"]["ok"] and not rows["tau2"]["installed"]  # optional: τ²-bench only
     text = doctor.render_text(report)
-    assert re.search(r"– tau2 +not installed: optional, τ²-bench evaluation .*→ pip install -e '\.\[ood\]'", text)
+    assert re.search(r"– tau2 +not installed: optional, tau2-bench evaluation .*→ pip install -e '\.\[ood\]'", text)
     assert "✗ trl" in text and "→ pip install 'trl==1.14.2'" in text
     assert re.search(r"✗ peft +MISSING: missing \(seal-lite needs it\)  → pip install 'peft==0.21.2'", text)
     assert text.endswith("✗ not ready to train: fix the backends trl, peft")
