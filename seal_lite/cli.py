@@ -117,7 +117,7 @@ def run(recipe, out, overrides, overwrite, processes):
                                  "accelerate launch", param_hint="--processes")
     config = _load(recipe, overrides, check=True, out=out, processes=max(processes, launched))
     if processes > 1 and launched == 1:  # accelerate starts the processes, each runs this command without it
-        arguments = ["run", *([recipe] if recipe else []), *(["--out", out] if out else []),
+        arguments = ["-m", "seal_lite", "run", *([recipe] if recipe else []), *(["--out", out] if out else []),
                      *[item for pair in overrides for item in ("--set", pair)], *(["--overwrite"] if overwrite else [])]
         command = distributed.launch_command(processes, arguments)
         sys.stdout.flush()

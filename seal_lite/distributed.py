@@ -120,9 +120,9 @@ def my_share(items: list[T]) -> list[T]:
     return items[start : start + size + (rank() < extra)]
 
 
-def launch_command(processes: int, arguments: list[str]) -> list[str]:
-    """The ``accelerate launch`` command that runs ``seal-lite <arguments>`` in ``processes`` processes on this
-    machine, at a free port (two runs on one machine must not share one). On a CPU it is accelerate's
+def launch_command(processes: int, program: list[str]) -> list[str]:
+    """The ``accelerate launch`` command that runs ``python <program>`` (e.g. ``-m seal_lite run recipe.yaml``) in
+    ``processes`` processes on this machine, at a free port (two runs on one machine must not share one). On a CPU it is accelerate's
     ``--multi_gpu`` launcher too (torchrun underneath; the processes then join with gloo): accelerate's ``--cpu``
     launcher needs MPI for several processes. Mixed precision is the trainer's (bf16/fp16 from the policy's dtype),
     whatever accelerate is told here."""
@@ -133,4 +133,4 @@ def launch_command(processes: int, arguments: list[str]) -> list[str]:
         port = probe.getsockname()[1]
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
-            "-m", "seal_lite", *arguments]
+            *program]
