@@ -364,7 +364,7 @@ class Recipe(_Section):
         if mini % processes:
             return [f"grpo.mini_batches = {self.grpo.mini_batches}: each mini-batch ({mini} trajectories) is shared "
                     f"by the {processes} processes, so it must be a multiple of {processes}; lower grpo.mini_batches"]
-        micro = self.micro_batch(processes=processes)
+        micro = self.micro_batch(False, processes)  # several processes score without the shared prefix
         if (mini // processes) % micro:
             return [f"grpo.micro_batch_size = {micro}: each process's part of a mini-batch ({mini // processes} "
                     f"trajectories) must be a multiple of it; set it to 1, or leave it unset"]

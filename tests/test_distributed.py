@@ -169,7 +169,7 @@ def test_two_processes_record_the_one_process_run_and_train_one_lora(setup, one_
     assert rank0.keys() == rank1.keys() == single.keys()
     assert all(torch.equal(rank0[name], rank1[name]) for name in rank0)
     assert any(name.endswith("lora_B.weight") and rank0[name].abs().max() > 0 for name in rank0)  # it trained
-    assert all(torch.allclose(rank0[name], single[name], atol=1e-5) for name in rank0)
+    assert all(torch.allclose(rank0[name], single[name], atol=1e-4) for name in rank0)
     adapter = load_file(two / "adapter" / "adapter_model.safetensors")  # saved once, by rank 0
     assert sorted(adapter) and all(name.endswith(".weight") for name in adapter)
 
@@ -213,9 +213,10 @@ def test_processes_must_share_whole_tasks_and_mini_batches():
     assert problem.startswith("grpo.micro_batch_size = 4:")
     assert load_recipe(None, base | {"grpo.loss_type": "bnpo"}).process_problems(2)[0].startswith("grpo.loss_type")
     assert load_recipe(None, base | {"policy.backend": "unsloth"}).process_problems(2)[0].startswith("policy.backend")
-    # each process's micro-batch: one group, or the part of one that its share of a mini-batch holds
+    # each process's micro-batch with a shared prefix: one group, or the part of one its share of a mini-batch holds
     assert load_recipe(None, base).micro_batch(processes=2) == 4
     assert load_recipe(None, base | {"grpo.mini_batches": 2}).micro_batch(processes=2) == 2
+    assert load_recipe(None, base).micro_batch(False, processes=2) == 1  # without: one trajectory
 
 
 def test_one_process_is_rank_0_of_1_and_shares_are_contiguous(monkeypatch):

@@ -20,6 +20,7 @@ does Unsloth's trainer, left as it is), so a micro-batch holds one group, or par
 Under ``accelerate launch`` with N processes each process holds tasks_per_step / N whole groups and 1/N of every
 mini-batch, DDP averages the gradients (dapo's normaliser is the global token count, so the step's loss is the
 one-process loss), and the skip without learning signal is decided for the whole step, on every process alike.
+The shared prefix is off there (it scores beside DDP's forward, whose gradient averaging would then not happen).
 
 Scoring (``_get_per_token_logps_and_entropies``, used by TRL's loss, its old-log-prob pass and its reference pass
 with the adapter disabled): with ``grpo.shared_prefix`` each micro-batch's rows that share a prompt are scored
@@ -258,9 +259,11 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
                   output_dir: str, callbacks: list[TrainerCallback] = ()) -> SealGRPOTrainer:
     grpo, group = recipe.grpo, recipe.rollout.num_generations
     updates = updates_per_step(recipe)
-    # Unsloth computes log-probs its own way (its chunked path), which the shared prefix does not enter
-    shared_prefix = grpo.shared_prefix and policy.backend != "unsloth" and supports(policy.model)
+    # Unsloth computes log-probs its own way (its chunked path), which the shared prefix does not enter. Several
+    # processes: the shared prefix calls the decoder layers itself, beside DDP's forward, so DDP would never average
+    # its gradients; each trajectory is then scored whole, by TRL's pass through the wrapped model.
     processes = distributed.world_size()
+    shared_prefix = grpo.shared_prefix and policy.backend != "unsloth" and supports(policy.model) and processes == 1
     micro = recipe.micro_batch(shared_prefix, processes)
     config = GRPOConfig(
         output_dir=output_dir,
@@ -298,6 +301,7 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         use_cpu=not torch.cuda.is_available(),
         max_completion_length=recipe.rollout.max_context_tokens,
         dataloader_num_workers=0,
+        ddp_find_unused_parameters=False,  # several processes: every LoRA weight takes part in every forward
     )
 
     def rollout_func(prompts: list[str], trainer) -> dict:
