@@ -60,6 +60,10 @@ def init() -> None:
     import torch.distributed as dist
     from accelerate import PartialState
 
+    if not torch.cuda.is_available():
+        # accelerate names a CPU process's device cpu:0, which torch.load cannot map a checkpoint's tensors to
+        # (transformers' optimizer load on resume); plain cpu it can
+        os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
     if not dist.is_initialized():
         PartialState(cpu=not torch.cuda.is_available(), timeout=TIMEOUT)
 

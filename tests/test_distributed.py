@@ -168,7 +168,7 @@ def test_two_processes_record_the_one_process_run_and_train_one_lora(setup, one_
     single = load_file(one_process / "lora-rank0.safetensors")
     assert rank0.keys() == rank1.keys() == single.keys()
     assert all(torch.equal(rank0[name], rank1[name]) for name in rank0)
-    assert any(name.endswith("lora_B.weight") and rank0[name].abs().max() > 0 for name in rank0)  # it trained
+    assert any("lora_B" in name and rank0[name].abs().max() > 0 for name in rank0)  # it trained
     assert all(torch.allclose(rank0[name], single[name], atol=1e-4) for name in rank0)
     adapter = load_file(two / "adapter" / "adapter_model.safetensors")  # saved once, by rank 0
     assert sorted(adapter) and all(name.endswith(".weight") for name in adapter)
@@ -186,7 +186,9 @@ def test_a_killed_rank_stops_the_run_and_the_same_command_resumes_it(setup, one_
     db = out / "seal.db"
     assert _rows(db, "select step from steps") == [(1,)]  # step 2 never reached the store: rank 0 was waiting
     assert _rows(db, "select step from checkpoints") == [(1,)]
-    assert _rows(db, "select status from runs") == [("running",)]
+    # rank 0 stopped: it marked the run failed when its collective with the dead peer failed, or the launcher
+    # stopped it first (then it is still "running"); either resumes
+    assert _rows(db, "select status from runs") in ([("failed",)], [("running",)])
 
     resumed = _seal_lite(setup, out, 2, *diagnoser)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
