@@ -46,6 +46,11 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def local_world_size() -> int:
+    """How many of the run's processes share this machine (its cores, when they are CPU processes)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def is_main() -> bool:
     """Rank 0: the process that writes the store and checkpoints, runs the diagnoser and prints."""
     return rank() == 0

@@ -100,10 +100,12 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
         yield TransformersGenerator(model, tokenizer, mode), lambda step: None
         return
     from seal_lite.gguf_lora import export_lora_gguf
-    from seal_lite.llamacpp import LlamaCppGenerator
+    from seal_lite.llamacpp import LlamaCppGenerator, usable_cores
 
     base = resolve_gguf(recipe.policy.model, "policy.model (rollout.backend llamacpp)")
-    generator = LlamaCppGenerator(base, tokenizer, n_ctx=recipe.rollout.max_context_tokens, seed=recipe.seed)
+    sharing = distributed.local_world_size()  # processes on this machine split its cores
+    generator = LlamaCppGenerator(base, tokenizer, n_ctx=recipe.rollout.max_context_tokens, seed=recipe.seed,
+                                  n_threads=max(1, usable_cores() // sharing) if sharing > 1 else None)
 
     lora = out_dir / ("rollout-lora.gguf" if distributed.world_size() == 1 else f"rollout-lora-{distributed.rank()}.gguf")
 
