@@ -264,3 +264,17 @@ def test_processes_option_refuses_a_step_that_cannot_be_shared(tmp_path):
                                        "--set", "grpo.tasks_per_step=2", "--set", "data.num_tasks=4"])
     assert result.exit_code == 2
     assert "grpo.tasks_per_step = 2: each of the 3 processes rolls out whole tasks" in result.output
+
+
+def test_shipped_accelerate_configs_load():
+    from pathlib import Path
+
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    root = Path(__file__).parent.parent / "recipes" / "accelerate"
+    assert load_config_from_file(str(root / "ddp.yaml")).distributed_type == DistributedType.MULTI_GPU
+    zero2 = load_config_from_file(str(root / "zero2.yaml"))
+    assert zero2.distributed_type == DistributedType.DEEPSPEED
+    deepspeed = json.loads((root.parent.parent / zero2.deepspeed_config["deepspeed_config_file"]).read_text())
+    assert deepspeed["zero_optimization"]["stage"] == 2 and deepspeed["gradient_accumulation_steps"] == "auto"
