@@ -2,9 +2,10 @@
 
 The runs are real ``seal-lite run`` processes (tiny random policy, real BFCL tasks, four tasks, two per step),
 launched by accelerate with two processes, next to the same recipe in one process. Sampled generation depends on
-the batch it is part of, so the policy is scripted: in every group the first half answers the task's first turn
-with its ground truth and the rest with nothing. Every group then has a learning signal, the update really runs,
-and DDP really averages the two processes' gradients. The two-process store must equal the one-process store
+the batch it is part of, so the policy is scripted: in every group of an even-numbered task the first half answers
+the task's first turn with its ground truth and the rest with nothing; odd tasks always fail, and dynamic sampling
+replaces their groups by spare tasks', rolled out on both ranks. Groups then have a learning signal, the update
+really runs, and DDP really averages the two processes' gradients. The two-process store must equal the one-process store
 (trajectories, rewards, labels, weights, rho, interface versions, loop state), both ranks must end with the same
 LoRA weights, a killed rank must stop the run with its committed steps intact, and the same command resumes it.
 """
@@ -55,7 +56,8 @@ HARNESS = textwrap.dedent("""
         for context in batch:
             task = next(t for t in playing["tasks"] if t.user_message(0) in self.tokenizer.decode(context))
             position = seen[task.id] = seen.get(task.id, -1) + 1
-            text = "[" + ", ".join(task.ground_truth[0]) + "]" if position < 2 else "I cannot do that."
+            right = position < 2 and int(task.id.rsplit("_", 1)[1]) % 2 == 0
+            text = "[" + ", ".join(task.ground_truth[0]) + "]" if right else "I cannot do that."
             answers.append(self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id])
         return answers
 
@@ -98,7 +100,8 @@ def setup(tmp_path_factory, tiny_model_dir):
                     "parser": "lenient"},
         "interface": {"tool_format": "signatures"},
         "diagnoser": {"mode": "off"},
-        "grpo": {"steps": 2, "tasks_per_step": 2, "learning_rate": 1e-2},
+        # groups of odd tasks have no signal: dynamic sampling replaces them, rolling out spare tasks on both ranks
+        "grpo": {"steps": 2, "tasks_per_step": 2, "learning_rate": 1e-2, "dynamic_sampling": 2},
     }
     (work / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     (work / "harness.py").write_text(HARNESS)
