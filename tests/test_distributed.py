@@ -13,6 +13,7 @@ LoRA weights, a killed rank must stop the run with its committed steps intact, a
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -113,7 +114,8 @@ def _seal_lite(work, out, processes: int, *args, kill=None):
     spec = json.dumps({"out": str(out), "kill": kill, "diagnosers": str(out) + ".diagnosers"})
     program = [str(work / "harness.py"), spec, "run", str(work / "recipe.yaml"), "--out", str(out), *args]
     command = distributed.launch_command(processes, program) if processes > 1 else [sys.executable, *program]
-    return subprocess.run(command, capture_output=True, text=True, timeout=1200, check=False)  # a hang guard
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread per process, as torchrun gives each of the two
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200, check=False)  # hang guard
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +162,8 @@ def test_two_processes_record_the_one_process_run_and_train_one_lora(setup, one_
     assert [row[0] for row in store["steps"]] == [1, 2]
     assert len(store["trajectories"]) == 2 * 2 * 4  # each trajectory once: two steps of two tasks x 4
     assert _rows(two / "seal.db", "select count(distinct reward) from trajectories where advantage != 0") == [(2,)]
+    refills = "select max(value) from metrics where name = 'sampling/groups_rolled_out'"
+    assert _rows(two / "seal.db", refills)[0][0] > 2  # dynamic sampling rolled out spare tasks (on both ranks)
     for table in reference:
         assert store[table] == reference[table], table
     loss = "select step, loss from steps order by step"
