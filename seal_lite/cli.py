@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -44,9 +45,10 @@ def _parse_overrides(pairs: tuple[str, ...]) -> dict:
     return overrides
 
 
-def _load(recipe_path, overrides, check: bool = False, out: str | None = None):
+def _load(recipe_path, overrides, check: bool = False, out: str | None = None, processes: int = 1):
     """The recipe, or exit 2 with one line per problem. ``check``: also against this machine (models installed,
-    paths and task ids existing, backends usable); ``out``: the --out directory, checked with it."""
+    paths and task ids existing, backends usable); ``out``: the --out directory, checked with it; ``processes``:
+    how many processes will run it."""
     from seal_lite.preflight import out_dir_problem
 
     problems = []
@@ -54,6 +56,8 @@ def _load(recipe_path, overrides, check: bool = False, out: str | None = None):
         config = load_recipe(recipe_path, _parse_overrides(overrides), check=check)
     except RecipeError as error:
         config, problems = None, str(error).splitlines()
+    if config is not None:
+        problems += [f"{recipe_path or 'default recipe'}: {problem}" for problem in config.process_problems(processes)]
     if check:
         out_dir = Path(out) if out else config.out_dir() if config else None
         problem = out_dir_problem(out_dir) if out_dir is not None else None
@@ -86,46 +90,72 @@ def _free_out_dir(base: Path) -> Path:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe field, e.g. --set grpo.steps=1 (repeatable).")
 @click.option("--overwrite", is_flag=True, help="Start afresh, deleting the run that already exists in --out.")
-def run(recipe, out, overrides, overwrite):
+@click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run on N processes of this machine (one per GPU; on a CPU, N CPU processes): calls `accelerate "
+              "launch --num_processes N -m seal_lite run ...` with the other arguments (docs/distributed.md).")
+def run(recipe, out, overrides, overwrite, processes):
     """Run the SEAL loop: roll out on BFCL, verify, diagnose, weight, and update a LoRA policy.
 
     RECIPE is a YAML file; without it the embedded CPU quickstart runs. Everything the run does is written
     to RUN_DIR/seal.db (SQLite; tables documented in docs/store.md), with a checkpoint per step in
     RUN_DIR/checkpoints. Run the same command again after a crash, Ctrl-C or a full disk: an unfinished run in
     RUN_DIR resumes from its last completed step. What the recipe names (models, task ids, backends) is checked
-    first: a problem exits with status 2, one line each, before anything is written.
+    first: a problem exits with status 2, one line each, before anything is written. Under `accelerate launch`
+    (or with --processes) every step's tasks are shared out among the processes.
 
     \b
     Examples:
       seal-lite run
       seal-lite run recipes/quickstart.yaml --set grpo.steps=1 --out runs/try
+      seal-lite run recipes/quickstart.yaml --processes 2
     """
-    config = _load(recipe, overrides, check=True, out=out)
+    from seal_lite import distributed
+
+    launched = distributed.world_size()
+    if processes > 1 and launched > 1 and processes != launched:
+        raise click.BadParameter(f"the launcher started {launched} processes; leave --processes out under "
+                                 "accelerate launch", param_hint="--processes")
+    config = _load(recipe, overrides, check=True, out=out, processes=max(processes, launched))
+    if processes > 1 and launched == 1:  # accelerate starts the processes, each runs this command without it
+        arguments = ["-m", "seal_lite", "run", *([recipe] if recipe else []), *(["--out", out] if out else []),
+                     *[item for pair in overrides for item in ("--set", pair)], *(["--overwrite"] if overwrite else [])]
+        command = distributed.launch_command(processes, arguments)
+        sys.stdout.flush()
+        os.execv(command[0], command)
+    distributed.init()
+    main_process = distributed.is_main()
     from seal_lite.runner import DiskFullError, RunMismatchError, ScreenError, run_status
 
-    out_dir = Path(out) if out else config.out_dir() if overwrite else _free_out_dir(config.out_dir())
-    status = run_status(out_dir)
-    if status is not None and overwrite:
-        for suffix in ("", "-wal", "-shm"):
-            (out_dir / f"seal.db{suffix}").unlink(missing_ok=True)
-        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
-    elif status == "finished":
-        raise click.ClickException(f"{out_dir} holds a finished run; choose another --out or pass --overwrite")
-    elif status is not None:
-        click.echo(f"{out_dir} holds an unfinished run ({status}): resuming it.")
+    def choose_out_dir() -> Path:  # rank 0 decides, and prepares it, for every process
+        out_dir = Path(out) if out else config.out_dir() if overwrite else _free_out_dir(config.out_dir())
+        status = run_status(out_dir)
+        if status is not None and overwrite:
+            for suffix in ("", "-wal", "-shm"):
+                (out_dir / f"seal.db{suffix}").unlink(missing_ok=True)
+            shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+        elif status == "finished":
+            raise click.ClickException(f"{out_dir} holds a finished run; choose another --out or pass --overwrite")
+        elif status is not None:
+            click.echo(f"{out_dir} holds an unfinished run ({status}): resuming it.")
+        return out_dir
+
+    out_dir = distributed.on_main(choose_out_dir)
 
     from seal_lite.console import RichProgress, print_recipe, print_summary
+    from seal_lite.loop import NoProgress
     from seal_lite.models import ModelSourceError
     from seal_lite.runner import run as run_loop
     from seal_lite.training.policy import PolicyBackendError
 
-    print_recipe(config, out_dir)
+    if main_process:
+        print_recipe(config, out_dir)
     try:
-        with RichProgress(config.grpo.steps) as progress:
+        with RichProgress(config.grpo.steps) if main_process else contextlib.nullcontext(NoProgress()) as progress:
             summary = run_loop(config, out_dir, progress)
     except (RunMismatchError, ModelSourceError, PolicyBackendError, ScreenError, DiskFullError) as error:
         raise click.ClickException(str(error)) from None
-    print_summary(summary)
+    if main_process:
+        print_summary(summary)
 
 
 @main.command()

@@ -16,6 +16,11 @@ Deviations from the paper, each on purpose:
 * ``grpo.dynamic_sampling`` (off by default) replaces groups without a learning signal by other tasks' groups.
 * ``rollout.max_turns`` may cut tasks to their first turns (with their ground truth) to fit a CPU budget;
   the reward is then the official verdict on that shorter task.
+
+Several processes (``accelerate launch``; seal_lite/distributed.py): each rolls out the whole groups TRL hands it,
+then every process gathers all of them in the step's task order and computes the same advantages, weights, rho,
+statistics and interface from them, as one process would; the diagnoser (rank 0's) answers for all, and rank 0
+alone records the step. Each process hands its own groups' rows to its share of the update.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from seal_lite import profile
+from seal_lite import distributed, profile
 from seal_lite.agent import Generator, Trajectory, rollout_groups
 from seal_lite.diagnosis.diagnoser import Diagnoser, Explanation, StepReport, failed_turns
 from seal_lite.diagnosis.explainer import argument_values, redact_unseen_values
@@ -57,12 +62,14 @@ class RolloutBatch:
     rewards: list[float]
     advantages: list[float]  # already multiplied by the diagnosis weights
     sampled_logprobs: list[list[float]] | None = None  # the rollout engine's, when it is not the trained model
+    step_signal: bool | None = None  # several processes: whether any advantage of the whole step is non-zero
 
     @classmethod
-    def from_trajectories(cls, trajectories: list[Trajectory], rewards: list[float],
-                          advantages: list[float]) -> RolloutBatch:
+    def from_trajectories(cls, trajectories: list[Trajectory], rewards: list[float], advantages: list[float],
+                          step_signal: bool | None = None) -> RolloutBatch:
         """The batch of ``trajectories`` (in TRL's prompt order) with their rewards and final advantages; the
-        sampling engine's log-probs go along when every trajectory has them."""
+        sampling engine's log-probs go along when every trajectory has them. ``step_signal``: whether the step
+        (all processes' batches) has any non-zero advantage, when this batch is only a part of it."""
         if not len(trajectories) == len(rewards) == len(advantages):
             raise ValueError(f"{len(trajectories)} trajectories, {len(rewards)} rewards and {len(advantages)} "
                              "advantages: give one of each per trajectory")
@@ -74,6 +81,7 @@ class RolloutBatch:
             advantages=list(advantages),
             sampled_logprobs=([t.sampled_logprobs for t in trajectories]
                               if all(t.sampled_logprobs is not None for t in trajectories) else None),
+            step_signal=step_signal,
         )
 
 
@@ -125,9 +133,10 @@ class FailureStatistics:
 
 
 class SealStep:
-    """One SEAL iteration; TRL calls it with the step's prompts (task ids, G copies each)."""
+    """One SEAL iteration; TRL calls it with the step's prompts (task ids, G copies each). ``store`` is None in the
+    processes other than rank 0 of a run across several: they record nothing."""
 
-    def __init__(self, recipe: Recipe, store: Store, tasks: dict[str, Task], generator: Generator,
+    def __init__(self, recipe: Recipe, store: Store | None, tasks: dict[str, Task], generator: Generator,
                  progress: Progress = NoProgress(), diagnoser: Diagnoser | None = None):
         self.recipe, self.store, self.tasks, self.generator, self.progress = recipe, store, tasks, generator, progress
         self.diagnoser = diagnoser
@@ -142,7 +151,8 @@ class SealStep:
         self.diagnoser_hints: dict[str, str] = {}  # failure label -> latest hint of the local diagnoser
         self.sync_policy = lambda step: None  # hands the rollout engine the current policy (llama.cpp: a new LoRA)
         self.rollouts_done_at: float | None = None  # when the step handed its batch to the update (for time/update_s)
-        self.store.save_interface_version(self._version_row(self.interface, self.version, None))
+        if self.store is not None:
+            self.store.save_interface_version(self._version_row(self.interface, self.version, None))
 
     def state(self) -> dict:
         """Everything besides the policy that the next step depends on: saved with each checkpoint."""
@@ -161,26 +171,28 @@ class SealStep:
         self.step += 1
         G = self.recipe.rollout.num_generations
         # 1. Sample tasks: TRL's sampler drew them and repeated each G times, in group order (dynamic sampling may
-        # swap some for others below).
+        # swap some for others below). Several processes: these are this process's share of the step's tasks.
         task_ids = prompts[::G]
         if prompts != [task_id for task_id in task_ids for _ in range(G)]:
             raise RuntimeError("expected each task repeated G times in a row, as trl 1.14.2 does; check the trl pin")
         if (self.step - 1) % self.steps_per_epoch == 0:
             self.statistics.reset_window()  # the window statistics restart every epoch (§2 step 6)
-        self.progress.step_started(self.step, len(task_ids))
+        self.progress.step_started(self.step, len(task_ids) * distributed.world_size())
         profile.take()  # the step's phases start now
         with profile.phase("sync"):
             self.sync_policy(self.step)
 
-        groups = self._roll_out(task_ids)
+        groups = self._gather(self._roll_out(task_ids))  # every process's groups, in the step's task order
+        mine = slice(distributed.rank() * len(task_ids) * G, (distributed.rank() + 1) * len(task_ids) * G)
         rolled_out = len(groups)
         if self.recipe.grpo.dynamic_sampling:
-            groups, rolled_out = self._fill_with_signal(groups, task_ids)
+            groups, rolled_out = self._fill_with_signal(groups, [group[0][0].task_id for group in groups])
         trajectories = [trajectory for group in groups for trajectory, _ in group]
         diagnoses = [diagnosis for group in groups for _, diagnosis in group]
         rewards = [1.0 if d.valid else 0.0 for d in diagnoses]
         # 5b. The local model explains new failures; its label counts only if the recipe makes it the authority.
-        explained, report = self._explain(trajectories, diagnoses)
+        # (Rank 0's diagnoser, for every process's trajectories.)
+        explained, report = distributed.on_main(lambda: self._explain(trajectories, diagnoses))
         labels = [self._labels(diagnosis, answers) for diagnosis, answers in zip(diagnoses, explained)]
 
         # 6. Update the failure statistics C_t.
@@ -201,15 +213,31 @@ class SealStep:
 
         # 10, second half: evolve the training interface from C_t for the next step (stored with this step).
         new_version = self._evolve_interface(explained, diagnoses)
-        metrics = self._record(trajectories, diagnoses, explained, report, labels, advantages, weights, final, started,
-                               new_version, rolled_out)
+        metrics = {}
+        if self.store is not None:
+            metrics = self._record(trajectories, diagnoses, explained, report, labels, advantages, weights, final,
+                                   started, new_version, rolled_out)
         if new_version:
             self.interface, self.version = new_version
         self.progress.step_finished(self.step, metrics)
-        return RolloutBatch.from_trajectories(trajectories, rewards, final)
+        if distributed.world_size() == 1:
+            return RolloutBatch.from_trajectories(trajectories, rewards, final)
+        return RolloutBatch.from_trajectories(trajectories[mine], rewards[mine], final[mine], any(final))
+
+    def _gather(self, groups: list) -> list:
+        """Every process's groups, in rank order (this process's own in one process); rank 0 shows the others'."""
+        if distributed.world_size() == 1:
+            return groups
+        shares = distributed.gather(groups)
+        for rank, share in enumerate(shares):
+            for group in share if rank != distributed.rank() else ():
+                self.progress.task_done(group[0][0].task_id, [float(d.valid) for _, d in group])
+        return [group for share in shares for group in share]
 
     def _roll_out(self, task_ids: list[str]) -> list[list[tuple[Trajectory, EpisodeDiagnosis]]]:
         """Steps 2-5 for each task: one group of G (trajectory, diagnosis) pairs per task."""
+        if not task_ids:
+            return []
         G = self.recipe.rollout.num_generations
         # 2-3. Render the training interface and roll out G trajectories per task against fresh BFCL environments:
         # the whole step in one batched generation where the engine allows it (transformers), else task by task.
@@ -240,7 +268,7 @@ class SealStep:
             draw, spare = spare[: min(len(empty), budget)], spare[min(len(empty), budget) :]
             budget -= len(draw)
             rolled_out += len(draw)
-            for new in self._roll_out(draw):
+            for new in self._gather(self._roll_out(distributed.my_share(draw))):  # shared out among the processes
                 if has_signal(new):
                     groups[empty.pop(0)] = new
         return groups, rolled_out

@@ -332,9 +332,10 @@ class Recipe(_Section):
         _refuse(problems)
         return self
 
-    def micro_batch(self, shared_prefix: bool | None = None) -> int:
-        """Trajectories per forward/backward pass (``grpo.micro_batch_size`` resolved). ``shared_prefix``: whether
-        the update shares prefixes (default ``grpo.shared_prefix``; the trainer says False where it cannot)."""
+    def micro_batch(self, shared_prefix: bool | None = None, processes: int = 1) -> int:
+        """Trajectories per forward/backward pass in each process (``grpo.micro_batch_size`` resolved).
+        ``shared_prefix``: whether the update shares prefixes (default ``grpo.shared_prefix``; the trainer says False
+        where it cannot); ``processes``: how many processes share each mini-batch (docs/distributed.md)."""
         if self.grpo.micro_batch_size is not None:
             return self.grpo.micro_batch_size
         if self.grpo.loss_type == "bnpo":
@@ -342,7 +343,32 @@ class Recipe(_Section):
         shared = self.grpo.shared_prefix if shared_prefix is None else shared_prefix
         # one group per micro-batch: its rows share their prompt (a divisor of the mini-batch, which may hold part
         # of a group or groups plus parts)
-        return math.gcd(self.rollout.num_generations, self.mini_batch()) if shared else 1
+        return math.gcd(self.rollout.num_generations, self.mini_batch() // processes) if shared else 1
+
+    def process_problems(self, processes: int) -> list[str]:
+        """Why this recipe cannot run across ``processes`` processes (one line each, with the fix), or []."""
+        if processes == 1:
+            return []
+        tasks, mini = self.grpo.tasks_per_step, self.mini_batch()
+        fits = [n for n in range(processes, 0, -1) if tasks % n == 0]
+        if tasks % processes:
+            return [f"grpo.tasks_per_step = {tasks}: each of the {processes} processes rolls out whole tasks, so it "
+                    f"must be a multiple of {processes}; set it to {tasks + processes - tasks % processes}, or run "
+                    f"{fits[0]} processes"]
+        if self.policy.backend == "unsloth":
+            return ["policy.backend = 'unsloth': Unsloth trains on one GPU; with several processes use peft-4bit "
+                    "(the same 4-bit QLoRA through bitsandbytes and peft)"]
+        if self.grpo.loss_type == "bnpo":
+            return [f"grpo.loss_type = 'bnpo': its token mean is taken in each process's micro-batch, so {processes} "
+                    "processes would change the loss; use loss_type dapo (the default)"]
+        if mini % processes:
+            return [f"grpo.mini_batches = {self.grpo.mini_batches}: each mini-batch ({mini} trajectories) is shared "
+                    f"by the {processes} processes, so it must be a multiple of {processes}; lower grpo.mini_batches"]
+        micro = self.micro_batch(False, processes)  # several processes score without the shared prefix
+        if (mini // processes) % micro:
+            return [f"grpo.micro_batch_size = {micro}: each process's part of a mini-batch ({mini // processes} "
+                    f"trajectories) must be a multiple of it; set it to 1, or leave it unset"]
+        return []
 
     def generation_batch(self) -> int:
         """Sequences per generate call (``rollout.generation_batch_size`` resolved): by default, as many as one

@@ -7,6 +7,11 @@ rollouts and applies the update. After each step a checkpoint is committed to th
 resumes from its last committed step; a full disk stops it with a message saying what is committed.
 
 This module is the only one that knows both the step and the trainer: ``loop`` never imports TRL.
+
+Under ``accelerate launch`` (or ``seal-lite run --processes N``) every process runs ``run``: each loads the policy
+and rolls out its share of each step's tasks, while rank 0 alone takes the lock, writes the store and the
+checkpoints' commits, runs the diagnoser and decides where to resume, handing its decisions to the others
+(seal_lite/distributed.py; docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from seal_lite import distributed
 from seal_lite.diagnosis.diagnoser import Diagnoser
 from seal_lite.envs.bfcl import Task, load_tasks, split_ids
 from seal_lite.loop import NoProgress, Progress, SealStep
 from seal_lite.models import resolve_gguf
-from seal_lite.recipe import Recipe
+from seal_lite.recipe import Recipe, RecipeError
 from seal_lite.store import Store
 
 
@@ -59,8 +65,8 @@ class RunSummary:
 
 
 @contextlib.contextmanager
-def _diagnoser(recipe: Recipe, store: Store):
-    if recipe.diagnoser.mode == "off":
+def _diagnoser(recipe: Recipe, store: Store | None):
+    if recipe.diagnoser.mode == "off" or store is None:  # several processes: rank 0's diagnoser answers for all
         yield None
         return
     model_path = resolve_gguf(recipe.diagnoser.model, "diagnoser.model") if recipe.diagnoser.mode != "url" else ""
@@ -94,13 +100,17 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
         yield TransformersGenerator(model, tokenizer, mode), lambda step: None
         return
     from seal_lite.gguf_lora import export_lora_gguf
-    from seal_lite.llamacpp import LlamaCppGenerator
+    from seal_lite.llamacpp import LlamaCppGenerator, usable_cores
 
     base = resolve_gguf(recipe.policy.model, "policy.model (rollout.backend llamacpp)")
-    generator = LlamaCppGenerator(base, tokenizer, n_ctx=recipe.rollout.max_context_tokens, seed=recipe.seed)
+    sharing = distributed.local_world_size()  # processes on this machine split its cores
+    generator = LlamaCppGenerator(base, tokenizer, n_ctx=recipe.rollout.max_context_tokens, seed=recipe.seed,
+                                  n_threads=max(1, usable_cores() // sharing) if sharing > 1 else None)
+
+    lora = out_dir / ("rollout-lora.gguf" if distributed.world_size() == 1 else f"rollout-lora-{distributed.rank()}.gguf")
 
     def sync(step: int) -> None:
-        generator.load_adapter(str(export_lora_gguf(model, Path(base), out_dir / "rollout-lora.gguf")))
+        generator.load_adapter(str(export_lora_gguf(model, Path(base), lora)))
         generator.reseed(recipe.seed, step)  # a resumed run samples step N exactly as the first attempt did
 
     try:
@@ -292,16 +302,30 @@ def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> Run
 
     A run that stops before it stored any step removes the directory it created: nothing is left to resume.
     A full disk stops it with ``DiskFullError``, whose message says what is committed and how to resume.
+
+    Started by a launcher in several processes, every process calls this; rank 0 does all of the above (lock,
+    store, removal, messages) and every process returns the same summary.
     """
+    distributed.init()
+    problems = recipe.process_problems(distributed.world_size())
+    if problems:
+        raise RecipeError("\n".join(problems))
     started = time.time()
     out_dir = Path(out_dir)
+    if not distributed.is_main():
+        distributed.on_main(lambda: None)  # rank 0 has the run directory and its lock (or fails for all)
+        return _run(recipe, out_dir, NoProgress(), started)
     created = next((path for path in reversed((out_dir, *out_dir.parents)) if not path.exists()), None)
-    out_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(out_dir / "run.lock")  # an OS lock: a killed process releases it
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise RunMismatchError(f"another seal-lite process is running {out_dir}; wait for it or stop it") from None
+
+    def take_lock() -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise RunMismatchError(f"another seal-lite process is running {out_dir}; wait for it or stop it") from None
+
+    distributed.on_main(take_lock)
     try:
         summary = _run(recipe, out_dir, progress, started)
     except BaseException as error:
@@ -317,11 +341,9 @@ def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> Run
     return summary
 
 
-def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> RunSummary:
-    from seal_lite.models import resolve_model
-    from seal_lite.training.policy import load_policy
-
-    store = Store(out_dir / "seal.db")
+def _open_run(recipe: Recipe, store: Store, out_dir: Path) -> bool:
+    """Start the run in its store, or check that the stored one is this recipe's and resume it; whether it
+    resumes."""
     resuming = run_status(out_dir) is not None
     if resuming:
         differences = recipe_differences(json.loads(store.run()["recipe"]), recipe.model_dump())
@@ -331,44 +353,67 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
         store.resume_run(recipe.name)
     else:
         store.start_run(recipe.name, recipe.model_dump(), recipe.policy.model)
+    return resuming
+
+
+def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> RunSummary:
+    from seal_lite.models import resolve_model
+    from seal_lite.training.policy import load_policy
+
+    store = Store(out_dir / "seal.db") if distributed.is_main() else None  # one writer: rank 0
+    resuming = distributed.on_main(lambda: _open_run(recipe, store, out_dir))
     try:
         task_ids = select_task_ids(recipe)
         tasks = slice_tasks(recipe, task_ids)
-        store.save_tasks([
-            {"id": t.id, "category": t.category, "num_turns": len(t.turns), "involved_classes": ",".join(t.involved_classes)}
-            for t in tasks.values()
-        ])
+        if store is not None:
+            store.save_tasks([
+                {"id": t.id, "category": t.category, "num_turns": len(t.turns),
+                 "involved_classes": ",".join(t.involved_classes)}
+                for t in tasks.values()
+            ])
+        distributed.on_main(lambda: resolve_model(recipe.policy.model))  # converted or downloaded once, by rank 0
         policy = load_policy(resolve_model(recipe.policy.model), recipe)
         if recipe.data.screen:  # train only on the tasks the base policy solves sometimes but not always
-            task_ids = frontier_task_ids(recipe, screen_slice(recipe, store, tasks, policy, out_dir, progress))
+            task_ids = distributed.on_main(
+                lambda: frontier_task_ids(recipe, screen_slice(recipe, store, tasks, policy, out_dir, progress)))
             tasks = {task_id: tasks[task_id] for task_id in task_ids}
         # imported after the policy is loaded: the Unsloth backend must patch trl before anything imports it
         from seal_lite.training.grpo import CheckpointCallback, StoreCallback, build_trainer, updates_per_step
 
         updates = updates_per_step(recipe)
-        checkpoint = _resume_point(store, out_dir, updates) if resuming else None
+        checkpoint = distributed.on_main(lambda: _resume_point(store, out_dir, updates) if resuming else None)
         with _diagnoser(recipe, store) as diagnoser:  # a served diagnoser stops here, also on error and Ctrl-C
             seal_step = SealStep(recipe, store, tasks, None, progress, diagnoser)
             if checkpoint:
                 seal_step.restore(checkpoint["seal_state"])
-            progress.run_started(seal_step.step, f"policy {policy.backend}, rollouts {rollout_backend(recipe)}")
+            progress.run_started(seal_step.step, f"policy {policy.backend}, rollouts {rollout_backend(recipe)}"
+                                 + (f", {distributed.world_size()} processes" if distributed.world_size() > 1 else ""))
 
             def commit(step: int, directory: str) -> None:
-                store.commit_checkpoint(step, str(Path(directory).relative_to(out_dir)), seal_step.state())
-                _prune_checkpoints(out_dir / "checkpoints", recipe.grpo.keep_checkpoints)
+                distributed.barrier()  # every process has written its part of the checkpoint (its RNG state)
+                if store is not None:
+                    store.commit_checkpoint(step, str(Path(directory).relative_to(out_dir)), seal_step.state())
+                    _prune_checkpoints(out_dir / "checkpoints", recipe.grpo.keep_checkpoints)
 
-            trainer = build_trainer(policy, recipe, task_ids, seal_step, str(out_dir / "checkpoints"),
-                                    callbacks=[StoreCallback(store, updates, seal_step), CheckpointCallback(commit, updates)])
+            callbacks = [CheckpointCallback(commit, updates)]
+            if store is not None:
+                callbacks.insert(0, StoreCallback(store, updates, seal_step))
+            trainer = build_trainer(policy, recipe, task_ids, seal_step, str(out_dir / "checkpoints"), callbacks)
             with rollout_engine(recipe, trainer.model, policy.tokenizer, out_dir, policy.generation_mode) as (
                     generator, sync):
                 seal_step.generator, seal_step.sync_policy = generator, sync
                 # 9. the policy updates, one per SEAL step (TRL calls seal_step for the rollouts of each)
                 trainer.train(resume_from_checkpoint=str(out_dir / checkpoint["path"]) if checkpoint else None)
-        trainer.save_model(str(out_dir / "adapter"))
+        trainer.save_model(str(out_dir / "adapter"))  # written by rank 0 (transformers' should_save)
     except BaseException:
-        with contextlib.suppress(sqlite3.Error, OSError):  # a full disk refuses this too; "running" resumes the same
-            store.finish_run(recipe.name, "failed", time.time() - started)
+        if store is not None:
+            with contextlib.suppress(sqlite3.Error, OSError):  # a full disk refuses this too; "running" resumes
+                store.finish_run(recipe.name, "failed", time.time() - started)
         raise
+    return distributed.on_main(lambda: _finish(recipe, store, started))
+
+
+def _finish(recipe: Recipe, store: Store, started: float) -> RunSummary:
     wall = time.time() - started
     store.finish_run(recipe.name, "finished", wall)
     steps = store.steps()
@@ -382,4 +427,3 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
         wall_time_s=wall,
         loss=[s["loss"] for s in steps],
     )
-

@@ -17,6 +17,10 @@ step each), and each mini-batch into micro-batches of ``micro_batch_size`` traje
 the optimizer steps, the loss and its gradient stay those of the whole mini-batch (TRL divides by the accumulation
 steps; dapo by the batch's token count). The rollout batch is shuffled by whole groups (TRL shuffles rows; so
 does Unsloth's trainer, left as it is), so a micro-batch holds one group, or part of one, by default.
+Under ``accelerate launch`` with N processes each process holds tasks_per_step / N whole groups and 1/N of every
+mini-batch, DDP averages the gradients (dapo's normaliser is the global token count, so the step's loss is the
+one-process loss), and the skip without learning signal is decided for the whole step, on every process alike.
+The shared prefix is off there (it scores beside DDP's forward, whose gradient averaging would then not happen).
 
 Scoring (``_get_per_token_logps_and_entropies``, used by TRL's loss, its old-log-prob pass and its reference pass
 with the adapter disabled): with ``grpo.shared_prefix`` each micro-batch's rows that share a prompt are scored
@@ -41,6 +45,7 @@ from transformers import PrinterCallback, TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_tensor_dict
 
+from seal_lite import distributed
 from seal_lite.recipe import Recipe
 from seal_lite.training.policy import Policy, keep_trainable_fp32
 from seal_lite.training.shared_prefix import score_completions, supports
@@ -116,7 +121,10 @@ class SealGRPOTrainer(GRPOTrainer):
         reference: every LoRA B matrix is still 0), so the loss's gradient is exactly 0. Small models start
         there (every trajectory of every group fails): the forward and backward passes are then skipped, while
         the optimizer still steps on the zero gradient, so Adam's momentum carries on exactly as it would have."""
-        if not self.skip_without_signal or self.seal_batch is None or any(self.seal_batch.advantages):
+        if not self.skip_without_signal or self.seal_batch is None:
+            return False
+        signal = self.seal_batch.step_signal  # several processes: the whole step's, so all skip or none does
+        if signal if signal is not None else any(self.seal_batch.advantages):
             return False
         return self.beta == 0.0 or all(not p.any() for n, p in self.model.named_parameters() if "lora_B" in n)
 
@@ -251,17 +259,22 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
                   output_dir: str, callbacks: list[TrainerCallback] = ()) -> SealGRPOTrainer:
     grpo, group = recipe.grpo, recipe.rollout.num_generations
     updates = updates_per_step(recipe)
-    # Unsloth computes log-probs its own way (its chunked path), which the shared prefix does not enter
-    shared_prefix = grpo.shared_prefix and policy.backend != "unsloth" and supports(policy.model)
-    micro = recipe.micro_batch(shared_prefix)
+    # Unsloth computes log-probs its own way (its chunked path), which the shared prefix does not enter. Several
+    # processes: the shared prefix calls the decoder layers itself, beside DDP's forward, so DDP would never average
+    # its gradients; each trajectory is then scored whole, by TRL's pass through the wrapped model.
+    processes = distributed.world_size()
+    shared_prefix = grpo.shared_prefix and policy.backend != "unsloth" and supports(policy.model) and processes == 1
+    micro = recipe.micro_batch(shared_prefix, processes)
     config = GRPOConfig(
         output_dir=output_dir,
         # one generation batch (tasks_per_step x G trajectories) per SEAL step, in micro-batches of `micro`
-        # trajectories; the gradients of one mini-batch's micro-batches accumulate into one optimizer step
+        # trajectories; the gradients of one mini-batch's micro-batches accumulate into one optimizer step.
+        # Across N processes each takes tasks_per_step / N whole groups of the step (accelerate deals TRL's
+        # sampler's batches out in rank order) and a 1/N share of every mini-batch: the global batches are the same.
         per_device_train_batch_size=micro,
-        steps_per_generation=grpo.tasks_per_step * group // micro,
+        steps_per_generation=grpo.tasks_per_step * group // processes // micro,
         num_generations=group,
-        gradient_accumulation_steps=recipe.mini_batch() // micro,
+        gradient_accumulation_steps=recipe.mini_batch() // processes // micro,
         gradient_checkpointing=policy.gradient_checkpointing,  # trl defaults it on, also on a CPU
         gradient_checkpointing_kwargs={"use_reentrant": False},
         num_iterations=grpo.num_iterations,
@@ -288,6 +301,7 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         use_cpu=not torch.cuda.is_available(),
         max_completion_length=recipe.rollout.max_context_tokens,
         dataloader_num_workers=0,
+        ddp_find_unused_parameters=False,  # several processes: every LoRA weight takes part in every forward
     )
 
     def rollout_func(prompts: list[str], trainer) -> dict:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from seal_lite import distributed
 from seal_lite.recipe import Recipe
 
 # Unsloth's LoRA targets: every linear projection of the decoder blocks (peft's "all-linear" equivalent).
@@ -110,7 +111,10 @@ def load_policy(model_dir: str, recipe: Recipe) -> Policy:
 
     from seal_lite.generation import eval_mode, stop_ids
 
-    backend, reason = resolve_backend(recipe.policy.backend, torch.cuda.is_available(), installed_backends())
+    installed = installed_backends()
+    if distributed.world_size() > 1:  # Unsloth trains on one GPU: several processes load the policy with peft
+        installed -= {"unsloth"}
+    backend, reason = resolve_backend(recipe.policy.backend, torch.cuda.is_available(), installed)
     checkpointing = recipe.policy.gradient_checkpointing
     if checkpointing is None:
         checkpointing = torch.cuda.is_available()
@@ -234,7 +238,7 @@ def _load_transformers(model_dir: str, dtype, quantized: bool):
     transformers_logging.disable_progress_bar()
     # clean-up of tokenization spaces corrupts BPE text (and warns); decode exactly what was generated
     tokenizer = AutoTokenizer.from_pretrained(model_dir, clean_up_tokenization_spaces=False)
-    device_map = {"": 0} if torch.cuda.is_available() else {"": "cpu"}
+    device_map = {"": distributed.local_rank()} if torch.cuda.is_available() else {"": "cpu"}  # one GPU per process
     if not quantized:
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map=device_map), tokenizer
     # Not peft's prepare_model_for_kbit_training: it upcasts every non-4-bit weight (embeddings, LM head, norms)
