@@ -58,11 +58,15 @@ def test_recovery_feedback_picks_a_hint_from_the_real_error(call, hint):
     assert "Hint:" not in observation([(outcome.status, outcome.result)], TrainingInterface(), visible)
 
 
+# the failure statistics of one window: label counts and the mean reward of each label's trajectories
+COUNTS = {"empty_turn_model_response": 40, "state_mismatch": 20, "response_mismatch": 9, "spurious_tool_call": 7,
+          "instance_mismatch": 8, "pass": 100}
+REWARDS = {"empty_turn_model_response": 0.0, "state_mismatch": 0.5, "response_mismatch": 0.0,
+           "spurious_tool_call": 0.0, "instance_mismatch": 0.7}
+
+
 def test_guidelines_follow_the_selection_rule():
-    counts = {"empty_turn_model_response": 40, "state_mismatch": 20, "response_mismatch": 9, "spurious_tool_call": 7,
-              "instance_mismatch": 8, "pass": 100}
-    rewards = {"empty_turn_model_response": 0.0, "state_mismatch": 0.5, "response_mismatch": 0.0,
-               "spurious_tool_call": 0.0, "instance_mismatch": 0.7}
+    counts, rewards = COUNTS, REWARDS
     lines = capability_guidelines(counts, rewards)
     # ranked by prevalence * (1 - reward): empty 40/84, response 9/84 (0.107), state 20/84 * 0.5 (0.119);
     # spurious has count 7 < 8, instance_mismatch has reward 0.7 >= 0.6; at most 3 lines
@@ -76,10 +80,7 @@ def test_guidelines_follow_the_selection_rule():
 
 
 def test_guideline_candidates_show_each_label_against_the_rule():
-    counts = {"empty_turn_model_response": 40, "state_mismatch": 20, "response_mismatch": 9, "spurious_tool_call": 7,
-              "instance_mismatch": 8, "pass": 100}
-    rewards = {"empty_turn_model_response": 0.0, "state_mismatch": 0.5, "response_mismatch": 0.0,
-               "spurious_tool_call": 0.0, "instance_mismatch": 0.7}
+    counts, rewards = COUNTS, REWARDS
     candidates = guideline_candidates(counts, rewards)
     by_label = {c.label: c for c in candidates}
     assert set(by_label) == set(counts) - {"pass"}  # pass has no guideline
