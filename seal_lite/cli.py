@@ -308,9 +308,12 @@ def _eval_task_ids(split: str, per_category: int | None) -> list[str]:
               ".gguf or server URL (default: the policy's base model). 7B or larger plays it faithfully.")
 @click.option("--max-steps", type=click.IntRange(min=1), help="With --benchmark tau2: end a conversation after "
               "this many messages (default: τ²'s 200); a conversation cut short scores 0.")
+@click.option("--run", "into", type=click.Path(exists=True, file_okay=False), metavar="RUN",
+              help="With --benchmark tau2 and a model or URL as TARGET: also store the results in this run's seal.db, "
+                   "e.g. its adapter served by vLLM, so `seal-lite report RUN` shows them.")
 @click.pass_context
 def evaluate_command(ctx, target, split, per_category, base, steps, overrides, json_file, view, benchmark, domains,
-                     user_model, max_steps):
+                     user_model, max_steps, into):
     """Evaluate a run's trained policy or a model on held-out BFCL tasks, or on τ²-bench.
 
     TARGET is a run directory (its recipe and trained LoRA; results are stored in its seal.db) or a model
@@ -322,8 +325,9 @@ def evaluate_command(ctx, target, split, per_category, base, steps, overrides, j
 
     With --benchmark tau2 the policy plays τ²-bench's agent (retail, airline, telecom) against a local user
     simulator, and the score is τ²'s pass^1 per domain and their mean. TARGET may then also be the URL of an
-    OpenAI-compatible server (vLLM on a GPU); GGUF models and a run's LoRA are served by llama.cpp. Each task
-    takes minutes on a CPU (docs/tau2.md).
+    OpenAI-compatible server (vLLM on a GPU; --run RUN stores its results in a run). A GGUF policy and its LoRA
+    are served by llama.cpp on a CPU, as in training; on a GPU the policy is held in this process (transformers).
+    Each task takes minutes on a CPU (docs/tau2.md).
 
     \b
     Examples:
@@ -340,9 +344,10 @@ def evaluate_command(ctx, target, split, per_category, base, steps, overrides, j
                 raise click.BadParameter("BFCL only; τ² plays its own tasks (choose them with --domain and --tasks)",
                                          param_hint=f"--{name}")
         _evaluate_tau2(target, domains or ("retail", "airline", "telecom"), per_category, user_model, base, steps,
-                       overrides, json_file, max_steps)
+                       overrides, json_file, max_steps, into)
         return
-    for name, flag in (("domains", "--domain"), ("user_model", "--user-model"), ("max_steps", "--max-steps")):
+    for name, flag in (("domains", "--domain"), ("user_model", "--user-model"), ("max_steps", "--max-steps"),
+                       ("into", "--run")):
         if ctx.params[name]:
             raise click.BadParameter("needs --benchmark tau2", param_hint=flag)
     import tempfile
@@ -393,8 +398,9 @@ def evaluate_command(ctx, target, split, per_category, base, steps, overrides, j
         Path(json_file).write_text(json.dumps({"summary": summaries, "tasks": everything}, indent=2))
 
 
-def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrides, json_file, max_steps):
+def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrides, json_file, max_steps, into):
     """``seal-lite eval --benchmark tau2``: the policy (and with --base its base model) as τ²'s agent."""
+    import contextlib
     import json
     import tempfile
 
@@ -406,12 +412,15 @@ def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrid
         chat_model,
         evaluate_tau2,
         export_adapter,
+        in_process_roles,
         is_url,
         require_tau2,
         result_rows,
         serving,
         summarize,
     )
+    from seal_lite.runner import rollout_backend
+    from seal_lite.store import Store
 
     try:
         require_tau2()
@@ -420,56 +429,80 @@ def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrid
     run_dir = Path(target) if (Path(target) / "seal.db").exists() else None
     store, config = None, None
     if run_dir is not None:
-        from seal_lite.store import Store
-
+        if into:
+            raise click.BadParameter("a run directory stores its own results; --run is for a model or URL TARGET",
+                                     param_hint="--run")
         store = Store(run_dir / "seal.db")
         try:
             config = load_recipe(None, {**json.loads(store.run()["recipe"]), **_parse_overrides(overrides)})
         except RecipeError as error:
             raise click.ClickException(f"invalid recipe:\n{error}") from None
-        policy_spec = config.policy.model
         variants = [("base", None)] if base else []
         variants += [(f"step {step}", path) for step, path in _trained_adapters(store, run_dir, steps)]
     else:
         if base or steps:
             raise click.BadParameter("--base and --step need a run directory", param_hint="TARGET")
-        policy_spec, variants = target, [(target, None)]
-    user_spec = user_model or policy_spec
+        if into:
+            if not (Path(into) / "seal.db").exists():
+                raise click.BadParameter(f"{into} holds no seal.db: give a run directory", param_hint="--run")
+            store = Store(Path(into) / "seal.db")
+        if not is_url(target):
+            from seal_lite.preflight import model_problem
+
+            if problem := model_problem(target):
+                raise click.BadParameter(f"{target!r} is neither a run directory, a server URL nor a usable model: "
+                                         f"{problem}", param_hint="TARGET")
+            config = _load(None, overrides + (f"policy.model={target}",))
+        variants = [(target, None)]
+    policy_spec = config.policy.model if config is not None else target
+    # Where the agent runs: a server already up (URL); llama.cpp servers for a GGUF on a CPU, as the run's rollouts;
+    # else the run's own engine in this process (transformers, on a GPU).
+    engine = "url" if config is None else rollout_backend(config)
+    in_process_user = engine == "transformers" and user_model is None
+    if engine != "transformers":
+        try:
+            policy = chat_model(policy_spec)
+        except ModelSourceError as error:
+            raise click.BadParameter(f"{error}; τ² serves a GGUF with llama.cpp, reaches a server at its URL "
+                                     "(http://HOST:PORT#MODEL), or holds any other model in this process with "
+                                     "--set rollout.backend=transformers", param_hint="TARGET") from None
+    user_label = user_model or policy_spec
     try:
-        policy = chat_model(policy_spec)
-    except ModelSourceError as error:
-        raise click.BadParameter(f"{error}; τ² serves a model with llama.cpp (a registry name or .gguf) or reaches "
-                                 "it at an OpenAI-compatible URL (http://...): on a GPU, serve it, e.g. `vllm serve "
-                                 "MODEL --enable-lora --lora-modules seal=RUN/adapter`, and pass 'http://HOST:PORT#seal'",
-                                 param_hint="TARGET") from None
-    try:
-        user = chat_model(user_spec)
+        user = None if in_process_user else chat_model(user_model or policy_spec)
     except ModelSourceError as error:
         raise click.BadParameter(f"{error}; or give a server URL (http://...)", param_hint="--user-model") from None
     from seal_lite.envs.tau2_bench import load_tasks
 
+    @contextlib.contextmanager
+    def roles(adapter, work: Path):
+        """(agent, user) for one variant; the user is None when it is served for all of them."""
+        if engine == "transformers":
+            with in_process_roles(config, adapter, work) as (agent, base_model):
+                yield agent, base_model if in_process_user else None
+            return
+        lora = export_adapter(policy_spec, adapter, work / "policy-lora.gguf", config) if adapter else None
+        with serving(policy if engine == "url" else chat_model(policy_spec, lora)) as agent:
+            yield agent, None
+
     total = sum(len(load_tasks(domain, per_domain)) for domain in domains)
     summaries, everything = {}, {}
     try:
-        with serving(user) as user_chat:
+        with serving(user) if user else contextlib.nullcontext() as shared_user:
             for label, adapter in variants:
-                click.echo(f"τ²: {label} as the agent, {user.label} as the user, {total} tasks ...", err=True)
-                with tempfile.TemporaryDirectory() as work:
-                    lora = export_adapter(policy_spec, adapter, Path(work) / "policy-lora.gguf", config) \
-                        if adapter else None
-                    agent = chat_model(policy_spec, lora) if not is_url(policy_spec) else policy
-                    with serving(agent) as agent_chat, Tau2Progress(label, total) as progress:
-                        results = evaluate_tau2(agent_chat, user_chat, list(domains), per_domain, max_steps,
-                                                on_result=progress)
+                click.echo(f"τ²: {label} as the agent, {user_label} as the user, {total} tasks ...", err=True)
+                with (tempfile.TemporaryDirectory() as work, roles(adapter, Path(work)) as (agent, own_user),
+                      Tau2Progress(label, total) as progress):
+                    results = evaluate_tau2(agent, own_user or shared_user, list(domains), per_domain, max_steps,
+                                            on_result=progress)
                 summaries[label] = summarize(results)
                 everything[label] = [vars(result) for result in results]
                 if store is not None:
-                    store.save_evaluations(result_rows(label, user.label, results))
+                    store.save_evaluations(result_rows(label, user_label, results))
     except BackendError as error:
         raise click.ClickException(f"a model stopped answering: {error}") from None
-    print_tau2(summaries, user.label)
+    print_tau2(summaries, user_label)
     if json_file:
-        Path(json_file).write_text(json.dumps({"benchmark": "tau2", "user_model": user.label, "summary": summaries,
+        Path(json_file).write_text(json.dumps({"benchmark": "tau2", "user_model": user_label, "summary": summaries,
                                                "tasks": everything}, indent=2))
 
 

@@ -10,7 +10,9 @@ Where the two models run:
 * a GGUF (registry name or path), and a run's trained LoRA exported to a LoRA GGUF, are served by llama.cpp
   (``seal_lite.llamacpp.LocalServer``), one server per role, so each keeps its own prompt cache between turns;
 * a URL is any OpenAI-compatible server already running (vLLM, SGLang, llama.cpp's llama-server on a GPU); it is
-  sent OpenAI's ``json_schema`` response format.
+  sent OpenAI's ``json_schema`` response format;
+* any other policy (a run whose rollouts use transformers: on a GPU, or a model that is no GGUF) is held in this
+  process by the run's own engine (``seal_lite.evaluate.evaluation_engine``) and answers through ``GeneratorChat``.
 
 The user simulator defaults to the policy's base model without the LoRA, so a base model and its trained
 adapters are always measured against the same user.
@@ -84,6 +86,53 @@ def serving(model: ChatModel, n_ctx: int = CONTEXT_TOKENS):
         return
     with LocalServer(model.gguf, n_ctx=n_ctx, lora_path=model.lora, startup_timeout_s=600) as server:
         yield ServerModel(server.url)
+
+
+def first_json_object(text: str) -> str:
+    """The first JSON object in ``text``, as written there; else ``text``. An engine without a grammar may wrap its
+    answer in prose or a code fence. Only ``json`` reads it: model text is never run."""
+    decoder = json.JSONDecoder()
+    for start, char in enumerate(text):
+        if char == "{":
+            try:
+                value, end = decoder.raw_decode(text, start)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return text[start:end]
+    return text
+
+
+class GeneratorChat:
+    """A role played by a generator held in this process (``seal_lite.generation.TransformersGenerator``), answering
+    like ``ServerModel.complete``. Nothing constrains its answer to the schema: the first JSON object it writes is
+    the answer, and anything else is a message (``tau2_bench.parse_answer``). With ``adapter=False`` the same
+    weights answer with the LoRA switched off, so the base model plays the user without a second copy in memory."""
+
+    def __init__(self, generator, adapter: bool = True):
+        self.generator, self.adapter = generator, adapter
+
+    def complete(self, messages: list[dict], schema: dict, max_tokens: int, timeout_s: float) -> str:
+        tokenizer = self.generator.tokenizer
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        model = getattr(self.generator, "model", None)
+        lora_off = model.disable_adapter() if not self.adapter and hasattr(model, "disable_adapter") else \
+            contextlib.nullcontext()
+        with lora_off:  # a base model (no adapter loaded) answers the same either way
+            tokens = self.generator.generate([ids], max_tokens, 0.0)[0]  # greedy, as BFCL's eval
+        return first_json_object(tokenizer.decode(tokens, skip_special_tokens=True))
+
+
+@contextlib.contextmanager
+def in_process_roles(recipe, adapter: Path | None, work_dir: Path):
+    """(agent, base): the recipe's policy held in this process, with ``adapter``'s LoRA (a run's ``adapter/`` or
+    checkpoint; None: the base model) and the same weights without it, for the default user simulator."""
+    from seal_lite.evaluate import evaluation_engine
+
+    rollout = recipe.rollout.model_copy(update={"max_context_tokens": CONTEXT_TOKENS})
+    with evaluation_engine(recipe.model_copy(update={"rollout": rollout}), adapter, work_dir) as generator:
+        yield GeneratorChat(generator), GeneratorChat(generator, adapter=False)
 
 
 def export_adapter(policy_spec: str, adapter: Path, out: Path, recipe) -> str:

@@ -163,11 +163,69 @@ def test_the_command_refuses_bfcl_options_and_bad_models(tmp_path):
     result = runner.invoke(main, ["eval", "smollm2-135m", "--domain", "retail"])
     assert result.exit_code == 2 and "needs --benchmark tau2" in result.output
     result = runner.invoke(main, ["eval", str(tmp_path / "no.gguf"), "--benchmark", "tau2"])
-    assert result.exit_code == 2 and "OpenAI-compatible URL" in result.output
+    assert result.exit_code == 2 and "neither a run directory, a server URL nor a usable model" in result.output
+    result = runner.invoke(main, ["eval", "http://127.0.0.1:9#m", "--benchmark", "tau2", "--run", str(tmp_path)])
+    assert result.exit_code == 2 and "holds no seal.db" in result.output
+    result = runner.invoke(main, ["eval", "smollm2-135m", "--run", str(tmp_path)])
+    assert result.exit_code == 2 and "needs --benchmark tau2" in result.output
     result = runner.invoke(main, ["eval", "smollm2-135m", "--benchmark", "tau2", "--user-model", "gpt-9"])
     assert result.exit_code == 2 and "--user-model" in result.output and "server URL" in result.output
     result = runner.invoke(main, ["eval", "smollm2-135m", "--benchmark", "tau2", "--base"])
     assert result.exit_code == 2 and "need a run directory" in result.output
+
+
+def test_the_first_json_object_is_the_answer_of_an_engine_without_a_grammar():
+    assert ood.first_json_object('Sure! ```json\n{"tool": "f", "arguments": {"a": {"b": 1}}}\n``` done') == \
+        '{"tool": "f", "arguments": {"a": {"b": 1}}}'
+    assert ood.first_json_object('[1, 2] then {"message": "hi"}') == '{"message": "hi"}'  # an object, not a list
+    assert ood.first_json_object('{broken {"message": "ok"}') == '{"message": "ok"}'
+    assert ood.first_json_object("no json here {") == "no json here {"  # a message, as parse_answer takes it
+    assert tau2_bench.parse_answer(ood.first_json_object('I will say: {"message": "Hello"}'), set()) == ("Hello", None)
+
+
+def test_in_process_roles_answer_with_and_without_the_lora(tmp_path, tiny_model_dir):
+    """On a GPU the policy is held in this process: the agent answers with the run's LoRA, the default user with
+    the same weights and the LoRA off, which is the base model's greedy answer."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from seal_lite.recipe import load_recipe
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=4, lora_alpha=8,
+                                                                                             target_modules="all-linear"))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 1.0)
+    model.save_pretrained(tmp_path / "adapter")
+    recipe = load_recipe(None, {"policy": {"model": tiny_model_dir}, "rollout": {"backend": "transformers"}})
+    messages = [{"role": "user", "content": "Hello, I need to change my order."}]
+    answers = {}
+    for adapter in (None, tmp_path / "adapter"):
+        with ood.in_process_roles(recipe, adapter, tmp_path) as (agent, base_model):
+            answers[adapter] = (agent.complete(messages, {}, 12, 60), base_model.complete(messages, {}, 12, 60))
+    (base_agent, base_user), (lora_agent, lora_user) = answers.values()
+    assert base_agent == base_user == lora_user  # the LoRA off is the base model
+    assert lora_agent != base_agent  # the LoRA on changes the answer
+
+
+def test_an_in_process_policy_plays_a_real_task_and_its_scores_go_into_a_run(tmp_path, tiny_model_dir):
+    """A model that is no GGUF is held in this process (transformers), as both roles; --run stores the scores in a
+    run's seal.db beside its BFCL results. The random model cannot solve the task: τ² scores it 0."""
+    run = tmp_path / "run"
+    run.mkdir()
+    Store(run / "seal.db")
+    out = tmp_path / "tau2.json"
+    result = CliRunner().invoke(main, ["eval", tiny_model_dir, "--benchmark", "tau2", "--domain", "retail",
+                                       "--tasks", "1", "--max-steps", "4", "--run", str(run), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    (task,) = json.loads(out.read_text())["tasks"][tiny_model_dir]
+    assert task["domain"] == "retail" and task["reward"] == 0.0 and task["termination"] == "max_steps"
+    assert [m["role"] for m in task["conversation"]][:3] == ["assistant", "user", "assistant"]
+    (row,) = Store(run / "seal.db").evaluations()
+    assert row["model"] == tiny_model_dir and row["benchmark"] == "tau2" and row["task_id"].startswith("tau2/retail/")
 
 
 def test_a_missing_extra_names_the_install_command(monkeypatch):
