@@ -95,29 +95,12 @@ HARNESS = textwrap.dedent("""
     import torch
     from transformers import Trainer
 
-    from seal_lite import generation, loop
+    from seal_lite import loop
     from seal_lite.store import Store
+    from seal_lite.testing import script_generation, sometimes_right
     from seal_lite.training import grpo
 
-    # a random policy never passes: mix in the ground truth, from torch's RNG, so that updates really happen
-    # (as tests/test_resume.py does)
-    rollout_groups, generate, playing = loop.rollout_groups, generation.TransformersGenerator.generate, {}
-
-    def recording_rollout_groups(pairs, *args, **kwargs):
-        playing["tasks"] = [task for task, _ in pairs]
-        return rollout_groups(pairs, *args, **kwargs)
-
-    def sometimes_right(self, batch, max_new_tokens, temperature):
-        sampled = generate(self, batch, max_new_tokens, temperature)
-        answers = []
-        for context, ids in zip(batch, sampled):
-            task = next(t for t in playing["tasks"] if t.user_message(0) in self.tokenizer.decode(context))
-            right = "[" + ", ".join(task.ground_truth[0]) + "]"
-            right_ids = self.tokenizer(right, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            answers.append(right_ids if torch.rand(()) < 0.5 else ids)
-        return answers
-
-    loop.rollout_groups, generation.TransformersGenerator.generate = recording_rollout_groups, sometimes_right
+    script_generation(sometimes_right)  # a random policy never passes: mix in the ground truth, so updates happen
 
     call = loop.SealStep.__call__
 

@@ -38,29 +38,20 @@ HARNESS = textwrap.dedent("""
 
     from safetensors.torch import save_file
 
-    from seal_lite import distributed, generation, loop
+    from seal_lite import distributed, loop
     from seal_lite.diagnosis import diagnoser
+    from seal_lite.testing import ground_truth_ids, script_generation
     from seal_lite.training import grpo
 
     rank, playing, trainers = distributed.rank(), {}, []
-    rollout_groups, call, build_trainer = loop.rollout_groups, loop.SealStep.__call__, grpo.build_trainer
-    construct = diagnoser.Diagnoser.__init__
+    call, build_trainer, construct = loop.SealStep.__call__, grpo.build_trainer, diagnoser.Diagnoser.__init__
 
-    def recording_rollout_groups(pairs, *args, **kwargs):
-        playing["tasks"] = [task for task, _ in pairs]
-        return rollout_groups(pairs, *args, **kwargs)
-
-    def scripted(self, batch, max_new_tokens, temperature):
+    def scripted(tokenizer, task, index, sampled):
         if spec.get("kill") == [rank, playing["step"]]:
             os.kill(os.getpid(), signal.SIGKILL)  # mid-step: this rank's groups never reach the others
-        answers, seen = [], {}
-        for context in batch:
-            task = next(t for t in playing["tasks"] if t.user_message(0) in self.tokenizer.decode(context))
-            position = seen[task.id] = seen.get(task.id, -1) + 1
-            right = position < 2 and int(task.id.rsplit("_", 1)[1]) % 2 == 0
-            text = "[" + ", ".join(task.ground_truth[0]) + "]" if right else "I cannot do that."
-            answers.append(self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id])
-        return answers
+        if index < 2 and int(task.id.rsplit("_", 1)[1]) % 2 == 0:
+            return ground_truth_ids(tokenizer, task)
+        return tokenizer("I cannot do that.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
     def step(self, prompts):
         playing["step"] = self.step + 1
@@ -75,7 +66,7 @@ HARNESS = textwrap.dedent("""
             notes.write(f"rank {rank}\\n")
         construct(self, *args, **kwargs)
 
-    loop.rollout_groups, generation.TransformersGenerator.generate = recording_rollout_groups, scripted
+    script_generation(scripted, sample=False)  # sampled text depends on its batch: never sampled, so never used
     loop.SealStep.__call__, grpo.build_trainer, diagnoser.Diagnoser.__init__ = step, capture_trainer, noting_diagnoser
 
     from seal_lite.cli import main

@@ -2,9 +2,8 @@
 
 The runs are real ``seal-lite run`` processes (tiny random policy, real BFCL tasks, diagnoser off). The kills
 are real SIGKILLs, sent by the process to itself at chosen points so the test is deterministic. A random
-policy never passes a task, so every advantage would be 0 and the update a no-op; each process therefore
-replaces a sampled message by the task's ground truth with probability 1/2 (drawn from torch's RNG after the
-model generated): groups then mix rewards 1 and 0, the LoRA weights and optimizer moments really change, and an
+policy never passes a task, so each process replaces a sampled message by the task's ground truth with
+probability 1/2 (``seal_lite.testing.sometimes_right``): the LoRA weights and optimizer moments really change, and an
 exact replay after a resume needs the restored RNG, weights and optimizer.
 """
 
@@ -29,27 +28,9 @@ KILLER = textwrap.dedent("""
     point, step = sys.argv[1], int(sys.argv[2])
     save_step, commit = Store.save_step, Store.commit_checkpoint
 
-    import torch
-    from seal_lite import generation, loop
+    from seal_lite.testing import script_generation, sometimes_right
 
-    rollout_groups, generate = loop.rollout_groups, generation.TransformersGenerator.generate
-    playing = {}
-
-    def recording_rollout_groups(pairs, *args, **kwargs):
-        playing["tasks"] = [task for task, _ in pairs]
-        return rollout_groups(pairs, *args, **kwargs)
-
-    def sometimes_right(self, batch, max_new_tokens, temperature):
-        sampled = generate(self, batch, max_new_tokens, temperature)
-        answers = []
-        for context, ids in zip(batch, sampled):
-            task = next(t for t in playing["tasks"] if t.user_message(0) in self.tokenizer.decode(context))
-            right = "[" + ", ".join(task.ground_truth[0]) + "]"
-            right_ids = self.tokenizer(right, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            answers.append(right_ids if torch.rand(()) < 0.5 else ids)
-        return answers
-
-    loop.rollout_groups, generation.TransformersGenerator.generate = recording_rollout_groups, sometimes_right
+    script_generation(sometimes_right)
 
     def killing_save_step(self, row, *args, **kwargs):
         save_step(self, row, *args, **kwargs)
