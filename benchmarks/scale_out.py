@@ -12,6 +12,11 @@ Throughput = trajectories stored / seconds the steps spent rolling out (each ste
 step's start until every process's groups are verified and gathered, diagnoser off), summed over the steps.
 Wall time (start-up, model loading and the policy updates included) is printed beside it.
 
+Before the runs, the machine's own ceiling: the same fixed llama.cpp job (the policy's GGUF reading a prompt and
+decoding one token at a time, one thread) alone on one core, then two copies at once, each on its own core. If the
+cores were independent, two copies would do twice the work in the same time (2.00x); what they reach is the most
+any 2-process run can gain here, and the last line compares the runs' ratio with it.
+
     python benchmarks/scale_out.py [--tasks 4] [--steps 2] [--max-new-tokens 48] [--tool-format official]
                                    [--cores-per-process 1] [--keep DIR]
 """
@@ -52,6 +57,38 @@ def play(processes: int, out: Path, args) -> dict:
             "throughput": trajectories / rollout_s}
 
 
+# One thread of llama.cpp doing fixed work: read PROMPT tokens, then decode DECODE more one at a time.
+CEILING_JOB = """
+import sys, time
+from llama_cpp import Llama
+model = Llama(sys.argv[1], n_ctx=1024, n_threads=1, n_threads_batch=1, verbose=False)
+tokens = list(range(1000, 1000 + {prompt}))
+started = time.perf_counter()
+model.eval(tokens)
+for token in range({decode}):
+    model.eval([2000 + token])
+print(time.perf_counter() - started)
+"""
+
+
+def core_ceiling(cores: list[int], prompt: int = 384, decode: int = 96) -> tuple[float, float]:
+    """(seconds of the job alone on one core, throughput of two copies at once on two cores / one copy alone)."""
+    from seal_lite.models import gguf_path
+
+    job = [sys.executable, "-c", CEILING_JOB.format(prompt=prompt, decode=decode), str(gguf_path("smollm2-135m"))]
+
+    def start(core: int) -> subprocess.Popen:
+        return subprocess.Popen(["taskset", "-c", str(core), *job], stdout=subprocess.PIPE, text=True)
+
+    def seconds(process: subprocess.Popen) -> float:
+        output, _ = process.communicate(timeout=900)
+        return float(output.strip().splitlines()[-1])
+
+    alone = min(seconds(start(cores[0])) for _ in range(2))
+    together = [seconds(process) for process in [start(core) for core in cores[:2]]]
+    return alone, 2 * alone / max(together)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=4, help="tasks per step (even, so 2 processes share it)")
@@ -66,6 +103,9 @@ def main() -> int:
         sys.exit(f"2 processes x {args.cores_per_process} cores need {2 * args.cores_per_process} cores")
     work = args.keep or Path(tempfile.mkdtemp(prefix="scale-out-"))
     work.mkdir(parents=True, exist_ok=True)
+    alone, ceiling = core_ceiling(sorted(os.sched_getaffinity(0)))
+    print(f"this machine: one llama.cpp job alone on a core {alone:.1f} s; two at once on two cores do "
+          f"{ceiling:.2f}x its work per second (2.00x: independent cores)", flush=True)
     rows = []
     for processes in (1, 2):
         out = work / f"processes-{processes}"
@@ -76,7 +116,10 @@ def main() -> int:
     for row in rows:
         print(f"{row['processes']:>9} {row['cores']:>7} {row['trajectories']:>12} {row['rollout_s']:>9.1f} "
               f"{row['throughput']:>7.3f} {row['wall_s']:>7.1f}")
-    print(f"rollout throughput, 2 processes / 1: {rows[1]['throughput'] / rows[0]['throughput']:.2f}x")
+    ratio = rows[1]["throughput"] / rows[0]["throughput"]
+    print(f"machine ceiling (two llama.cpp jobs at once / one): {ceiling:.2f}x; the runs reach "
+          f"{ratio / ceiling:.0%} of it")
+    print(f"rollout throughput, 2 processes / 1: {ratio:.2f}x")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0

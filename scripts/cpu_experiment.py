@@ -1,131 +1,280 @@
-"""The CPU experiment of docs/results.md: Qwen2.5-Coder-0.5B base vs vanilla GRPO vs SEAL.
+"""The CPU experiment of docs/results.md: base vs vanilla GRPO vs SEAL on Qwen2.5-Coder-0.5B's frontier tasks.
 
-Every condition trains from recipes/cpu-qwen0.5b.yaml for the same budget (steps x 2 tasks x G=4, tasks drawn
-from all 100 base-category training tasks in a seeded order, the same for both methods of a seed), once per
-seed, and is evaluated greedily on the same held-out subset (the first N base-category tasks of the eval split).
-Vanilla GRPO is that recipe with SEAL's parts off (plain interface, no diagnosis weights, no closed-loop rho),
-as in recipes/ablation-vanilla-grpo.yaml. Both use the rule labels (diagnoser off), as the paper does.
+1. Screen once: ``seal-lite screen RECIPE --out OUT/screen`` plays k samples of every candidate training task with
+   the base model and keeps the frontier, the tasks solved in some but not all samples. Every run trains on exactly
+   those tasks (``data.task_ids``), so the arms differ only in method.
+2. Train, per seed: vanilla GRPO (the recipe with SEAL's parts off, as recipes/ablation-vanilla-grpo.yaml turns them
+   off) and SEAL (the recipe), at the same rollout budget: the recipe's steps x tasks per step x G, and the same
+   dynamic-sampling allowance. Both use the rule labels (diagnoser off), as the paper does.
+3. Evaluate the base model and every trained run greedily on the same held-out tasks (the first N base-category
+   tasks of data/eval_ids.txt), under the official view (BFCL's surface) and, with ``--views official,signatures``,
+   under the one-line signatures the recipe trains with (not a BFCL score, and marked so).
+4. Summarize: the training reward in the first and the last quarter of each run's steps (per arm: the mean over
+   seeds, with a 95% bootstrap interval over seeds); held-out strict accuracy and turn pass rate per arm (each task
+   averaged over seeds, 95% bootstrap interval over tasks) and the paired differences between arms; a figure
+   (OUT/cpu-experiment.png) and OUT/summary.json, the summary to commit instead of the stores.
 
-Each finished run and evaluation is kept under --out, so running the same command again after a crash or
-Ctrl-C picks up where it stopped, and adding a seed only runs that seed. The last step prints the tables.
+Everything finished is kept under --out, so the same command after a stop resumes where it stopped: a screened
+task, a committed step and a finished evaluation are never redone, and adding a seed runs only that seed.
 
-    .venv/bin/python scripts/cpu_experiment.py --seeds 0 --steps 6 --max-turns 2 --out runs/cpu-experiment
-    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1 --steps 6 --max-turns 1 --eval-tasks 48 \
-        --out runs/cpu-experiment-turn1
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1,2 --out runs/cpu-experiment
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0 --set grpo.steps=4 --set data.num_tasks=8 --eval-tasks 2
 """
+
+from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from seal_lite.diagnosis.labels import SUCCESS_LABELS
-from seal_lite.runner import run_status
-from seal_lite.store import Store
+import yaml
 
-RECIPE = "recipes/cpu-qwen0.5b.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = "recipes/cpu-learn.yaml"
 COMMON = ["diagnoser.mode=off"]
-METHODS = {
+ARMS = {  # arm -> its overrides of the recipe
     "vanilla GRPO": ["interface.schema_cues=false", "interface.recovery_feedback=false",
                      "interface.capability_hints=false", "grpo.diagnosis_weighting=false", "grpo.closed_loop=false"],
     "SEAL": [],
 }
-# the rollout budget of the recipe, for the base model's evaluation (a run's evaluation reads its own recipe)
-ROLLOUT = ["max_new_tokens=96", "max_model_calls=6", "max_calls_per_turn=2", "max_context_tokens=4096"]
-ROOT = Path(__file__).resolve().parent.parent
+SLUG = {"vanilla GRPO": "vanilla", "SEAL": "seal"}
+# the rollout fields a base model's evaluation takes from the recipe (a run's evaluation reads its own recipe)
+EVAL_ROLLOUT = ("max_new_tokens", "max_model_calls", "max_calls_per_turn", "max_response_tokens", "max_turns",
+                "max_context_tokens")
 
+
+# ---- statistics (pure) -------------------------------------------------------------------------------------------
+
+def bootstrap_interval(values: list[float], level: float = 0.95, resamples: int = 10_000,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values``."""
+    if len(values) < 2:
+        return (values[0], values[0]) if values else (float("nan"), float("nan"))
+    draw = random.Random(seed)
+    means = sorted(statistics.fmean(draw.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return means[int(tail * resamples)], means[min(resamples - 1, int((1 - tail) * resamples))]
+
+
+def quarters(rewards: list[float]) -> tuple[float, float]:
+    """Mean reward of the first and of the last quarter of the steps (at least one step each)."""
+    size = max(1, len(rewards) // 4)
+    return statistics.fmean(rewards[:size]), statistics.fmean(rewards[-size:])
+
+
+def per_task_means(runs: list[dict[str, float]]) -> dict[str, float]:
+    """task id -> its score averaged over the runs (seeds) that evaluated it; every run must hold the same tasks."""
+    tasks = set(runs[0])
+    if any(set(run) != tasks for run in runs):
+        raise ValueError("the runs were evaluated on different tasks")
+    return {task: statistics.fmean(run[task] for run in runs) for task in sorted(tasks)}
+
+
+def paired_difference(a: dict[str, float], b: dict[str, float]) -> dict:
+    """Mean of a - b over the tasks both hold, with its bootstrap interval over tasks."""
+    differences = [a[task] - b[task] for task in sorted(a) if task in b]
+    low, high = bootstrap_interval(differences)
+    return {"mean": statistics.fmean(differences), "low": low, "high": high, "tasks": len(differences)}
+
+
+def distinguishable(interval: dict) -> bool:
+    """A difference is told apart from chance when its interval leaves out 0."""
+    return interval["low"] > 0 or interval["high"] < 0
+
+
+# ---- the steps ---------------------------------------------------------------------------------------------------
 
 def seal_lite(*args: str) -> None:
-    command = [sys.executable, "-m", "seal_lite", *args]
     print("$ seal-lite " + " ".join(args), flush=True)
-    subprocess.run(command, check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "seal_lite", *args], check=True, cwd=ROOT)
 
 
 def sets(overrides: list[str]) -> list[str]:
-    return [arg for override in overrides for arg in ("--set", override)]
+    return [word for override in overrides for word in ("--set", override)]
 
 
-def held_out_ids(per_category: int) -> str:
+def frontier_ids(recipe: str, out: Path, overrides: list[str]) -> list[str]:
+    from seal_lite.screen import frontier
+    from seal_lite.store import Store
+
+    seal_lite("screen", recipe, "--out", str(out / "screen"), *sets(overrides))  # resumes a partial screen
+    rows = Store(out / "screen" / "seal.db").screen()
+    return frontier({task_id: row["passes"] / row["samples"] for task_id, row in rows.items()})
+
+
+def held_out_ids(count: int) -> list[str]:
     ids = (ROOT / "data" / "eval_ids.txt").read_text().split()
-    return ",".join([i for i in ids if i.startswith("multi_turn_base_")][:per_category])
+    return [task_id for task_id in ids if task_id.startswith("multi_turn_base_")][:count]
 
 
-def evaluation(path: Path) -> dict:
-    """Strict accuracy and turn pass rate (%) of one evaluation JSON, which holds one model."""
-    (table,) = json.loads(path.read_text())["summary"].values()
-    return {key: 100 * table["mean"][key] for key in ("accuracy", "turn_pass_rate")}
+def evaluation(path: Path) -> dict[str, dict[str, float]]:
+    """task id -> {accuracy, turn_pass_rate} (0 or 1, and the share of turns passed) of one evaluation JSON."""
+    (tasks,) = json.loads(path.read_text())["tasks"].values()
+    return {task["task_id"]: {"accuracy": float(task["valid"]), "turn_pass_rate": task["turns_passed"] / task["turns"]}
+            for task in tasks}
+
+
+def training(run_dir: Path) -> dict:
+    """The run's mean reward per step, and how many steps updated the policy (the others had no signal)."""
+    from seal_lite.store import Store
+
+    store = Store(run_dir / "seal.db")
+    return {"rewards": [step["reward_mean"] for step in store.steps()],
+            "updated": sum(1 for _, skipped in store.metrics("grpo/update_skipped") if skipped == 0),
+            "signal_share": statistics.fmean(value for _, value in store.metrics("grpo/groups_with_signal"))
+            if store.metrics("grpo/groups_with_signal") else None}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="0,1", help="comma-separated seeds, one run per method each")
-    parser.add_argument("--steps", type=int, default=6, help="SEAL steps per run (the fixed budget)")
+    parser.add_argument("--recipe", default=RECIPE, help="the SEAL arm's recipe (default: %(default)s)")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds, one run per arm each")
     parser.add_argument("--eval-tasks", type=int, default=16, help="held-out base tasks evaluated")
-    parser.add_argument("--max-turns", type=int, default=2, help="user turns played per task, in training and "
-                        "evaluation (the reward is the verdict on those turns)")
+    parser.add_argument("--views", default="official", help="comma-separated: official, signatures")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe field for the screen and every run (repeatable)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu-experiment")
     args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
-    ids = held_out_ids(args.eval_tasks)
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    views = args.views.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
-    budget = [f"grpo.steps={args.steps}", f"rollout.max_turns={args.max_turns}", *COMMON]
+    common = [*COMMON, *args.overrides]
 
-    base_json = args.out / f"base-eval{args.eval_tasks}.json"
-    if not base_json.exists():  # greedy decoding: the base model's score does not depend on the seed
-        rollout = [f"rollout.{k}" for k in ROLLOUT] + [f"rollout.max_turns={args.max_turns}"]
-        seal_lite("eval", "qwen2.5-coder-0.5b", "--split", ids, *sets(rollout), "--json", str(base_json))
-    results = {"base": {None: evaluation(base_json)}}
-    training = {}
+    kept = frontier_ids(args.recipe, args.out, common)
+    print(f"frontier: {len(kept)} tasks: {' '.join(kept)}", flush=True)
+    train = [*common, f"data.task_ids=[{','.join(kept)}]", "data.screen=null"]
+    held_out = ",".join(held_out_ids(args.eval_tasks))
+
+    recipe = yaml.safe_load((ROOT / args.recipe).read_text())
+    from seal_lite.cli import _parse_overrides
+
+    rollout = {**recipe.get("rollout", {}), **{key.split(".", 1)[1]: value for key, value
+                                               in _parse_overrides(tuple(args.overrides)).items()
+                                               if key.startswith("rollout.")}}
+    base_sets = [f"rollout.{key}={json.dumps(rollout[key])}" for key in EVAL_ROLLOUT if key in rollout]
+    scores: dict[str, dict[str, list[dict]]] = {view: {} for view in views}  # view -> arm -> one per seed
+    for view in views:
+        path = args.out / f"base-{view}-eval{args.eval_tasks}.json"
+        if not path.exists():  # greedy decoding: the base model's score does not depend on the seed
+            seal_lite("eval", recipe["policy"]["model"], "--split", held_out, "--view", view, *sets(base_sets),
+                      "--json", str(path))
+        scores[view]["base"] = [evaluation(path)]
+    runs: dict[str, dict[int, dict]] = {}
     for seed in seeds:
-        for method, overrides in METHODS.items():
-            name = f"{'seal' if method == 'SEAL' else 'vanilla'}-seed{seed}"
-            run_dir, eval_json = args.out / name, args.out / f"{name}-eval{args.eval_tasks}.json"
-            if not eval_json.exists():
-                if run_status(run_dir) != "finished":
-                    seal_lite("run", RECIPE, "--out", str(run_dir), *sets([*budget, f"seed={seed}", *overrides]))
-                seal_lite("eval", str(run_dir), "--split", ids, "--json", str(eval_json))
-            results.setdefault(method, {})[seed] = evaluation(eval_json)
-            training.setdefault(method, {})[seed] = _training(run_dir)
-    print_tables(results, training, seeds)
+        for arm, overrides in ARMS.items():
+            run_dir = args.out / f"{SLUG[arm]}-seed{seed}"
+            from seal_lite.runner import run_status
+
+            if run_status(run_dir) != "finished":
+                seal_lite("run", args.recipe, "--out", str(run_dir), *sets([*train, f"seed={seed}", *overrides]))
+            runs.setdefault(arm, {})[seed] = training(run_dir)
+            for view in views:
+                path = args.out / f"{SLUG[arm]}-seed{seed}-{view}-eval{args.eval_tasks}.json"
+                if not path.exists():
+                    seal_lite("eval", str(run_dir), "--split", held_out, "--view", view, "--json", str(path))
+                scores[view].setdefault(arm, []).append(evaluation(path))
+    summary = summarize(kept, runs, scores)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_tables(summary)
+    draw(summary, args.out / "cpu-experiment.png")
 
 
-def _training(run_dir: Path) -> dict:
-    """Per step: the mean reward; over the run: how many steps updated the policy (the others had no learning
-    signal) and the share of training turns that passed."""
-    store = Store(run_dir / "seal.db")
-    labels = store.label_counts()
-    passed = sum(n for label, n in labels.items() if label in SUCCESS_LABELS)
-    return {"rewards": [step["reward_mean"] for step in store.steps()],
-            "updated": sum(1 for _, skipped in store.metrics("grpo/update_skipped") if skipped == 0),
-            "turn_pass_rate": 100 * passed / sum(labels.values())}
+def summarize(frontier: list[str], runs: dict, scores: dict) -> dict:
+    """Everything the tables and the figure show, from the runs' training records and the evaluations."""
+    summary = {"frontier": frontier, "training": {}, "held_out": {}}
+    for arm, by_seed in runs.items():
+        gains = []
+        for run in by_seed.values():
+            run["first_quarter"], run["last_quarter"] = quarters(run["rewards"])
+            gains.append(run["last_quarter"] - run["first_quarter"])
+        low, high = bootstrap_interval(gains)
+        summary["training"][arm] = {"seeds": by_seed, "gain": {"mean": statistics.fmean(gains), "low": low,
+                                                               "high": high}}
+    for view, by_arm in scores.items():
+        table = summary["held_out"][view] = {"arms": {}, "differences": {}}
+        per_task = {}
+        for arm, evaluations in by_arm.items():
+            table["arms"][arm] = {"seeds": len(evaluations)}
+            for metric in ("accuracy", "turn_pass_rate"):
+                means = per_task_means([{task: row[metric] for task, row in run.items()} for run in evaluations])
+                per_task[arm, metric] = means
+                low, high = bootstrap_interval(list(means.values()))
+                table["arms"][arm][metric] = {"mean": statistics.fmean(means.values()), "low": low, "high": high,
+                                              "tasks": len(means)}
+        for a, b in (("SEAL", "vanilla GRPO"), ("SEAL", "base"), ("vanilla GRPO", "base")):
+            if (a, "accuracy") in per_task and (b, "accuracy") in per_task:
+                table["differences"][f"{a} - {b}"] = {
+                    metric: paired_difference(per_task[a, metric], per_task[b, metric])
+                    for metric in ("accuracy", "turn_pass_rate")}
+    return summary
 
 
-def _spread(values: list[float]) -> str:
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return f"{mean:.1f}"
-    return f"{mean:.1f} ± {statistics.stdev(values):.1f}"
+def _interval(stat: dict, scale: float = 100, digits: int = 1) -> str:
+    mean, low, high = (scale * stat[key] for key in ("mean", "low", "high"))
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-def print_tables(results: dict, training: dict, seeds: list[int]) -> None:
-    print("\n| model | strict accuracy % | turn pass rate % | per seed (strict / turn) |")
-    print("|---|---|---|---|")
-    for method, by_seed in results.items():
-        rows = list(by_seed.values())
-        per_seed = ", ".join(f"s{seed}: {r['accuracy']:.1f} / {r['turn_pass_rate']:.1f}"
-                             for seed, r in by_seed.items() if seed is not None) or "greedy, no seed"
-        print(f"| {method} | {_spread([r['accuracy'] for r in rows])} | "
-              f"{_spread([r['turn_pass_rate'] for r in rows])} | {per_seed} |")
-    print("\n| training | seed | reward per step | steps with an update | turn pass rate % |")
-    print("|---|---|---|---|---|")
-    for method, by_seed in training.items():
-        for seed in seeds:
-            run = by_seed[seed]
-            rewards = " ".join(f"{r:.2f}" for r in run["rewards"])
-            print(f"| {method} | {seed} | {rewards} | {run['updated']} of {len(run['rewards'])} | "
-                  f"{run['turn_pass_rate']:.1f} |")
+def print_tables(summary: dict) -> None:
+    print(f"\nfrontier: {len(summary['frontier'])} training tasks")
+    print("\n| arm | seed | reward per step | first quarter | last quarter | steps with an update |")
+    print("|---|---|---|---|---|---|")
+    for arm, record in summary["training"].items():
+        for seed, run in record["seeds"].items():
+            rewards = " ".join(f"{reward:.2f}" for reward in run["rewards"])
+            print(f"| {arm} | {seed} | {rewards} | {run['first_quarter']:.2f} | {run['last_quarter']:.2f} | "
+                  f"{run['updated']} of {len(run['rewards'])} |")
+    print("\n| arm | reward gain, last - first quarter (mean over seeds [95% bootstrap over seeds]) |")
+    print("|---|---|")
+    for arm, record in summary["training"].items():
+        print(f"| {arm} | {_interval(record['gain'], scale=1, digits=2)} |")
+    for view, table in summary["held_out"].items():
+        print(f"\nheld out, {view} view: % [95% bootstrap interval over tasks]")
+        print("\n| arm | seeds | strict accuracy % | turn pass rate % |")
+        print("|---|---|---|---|")
+        for arm, row in table["arms"].items():
+            print(f"| {arm} | {row['seeds']} | {_interval(row['accuracy'])} | {_interval(row['turn_pass_rate'])} |")
+        print("\n| paired difference (same tasks) | strict accuracy points | turn pass rate points | told apart from chance |")
+        print("|---|---|---|---|")
+        for name, metrics in table["differences"].items():
+            verdict = "yes" if any(distinguishable(m) for m in metrics.values()) else "no: the interval holds 0"
+            print(f"| {name} | {_interval(metrics['accuracy'])} | {_interval(metrics['turn_pass_rate'])} | {verdict} |")
+
+
+def draw(summary: dict, path: Path) -> None:
+    """Training reward per step (each seed thin, the arm's mean over seeds thick) and held-out accuracy with its
+    interval, per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"vanilla GRPO": "tab:blue", "SEAL": "tab:orange", "base": "0.5"}
+    views = list(summary["held_out"])
+    figure, axes = plt.subplots(1, 1 + len(views), figsize=(5 + 3.5 * len(views), 3.6))
+    for arm, record in summary["training"].items():
+        curves = [run["rewards"] for run in record["seeds"].values()]
+        for curve in curves:
+            axes[0].plot(range(1, len(curve) + 1), curve, color=colors[arm], alpha=0.3, linewidth=1)
+        length = min(len(curve) for curve in curves)
+        mean = [statistics.fmean(curve[i] for curve in curves) for i in range(length)]
+        axes[0].plot(range(1, length + 1), mean, color=colors[arm], linewidth=2.5, label=f"{arm} ({len(curves)} seeds)")
+    axes[0].set(xlabel="step", ylabel="training reward (frontier tasks)", ylim=(-0.02, 1.02))
+    axes[0].legend(fontsize=8)
+    for axis, view in zip(axes[1:], views):
+        arms = summary["held_out"][view]["arms"]
+        names = list(arms)
+        means = [100 * arms[name]["accuracy"]["mean"] for name in names]
+        errors = [[mean - 100 * arms[name]["accuracy"]["low"] for mean, name in zip(means, names)],
+                  [100 * arms[name]["accuracy"]["high"] - mean for mean, name in zip(means, names)]]
+        axis.bar(names, means, yerr=errors, capsize=4, color=[colors[name] for name in names])
+        axis.set(title=f"held out, {view} view", ylabel="strict accuracy % (95% interval)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,10 @@
-"""The command line as a user meets it: help, recipe errors, and one small real run checked against its store."""
+"""The command line as a user meets it: help, recipe errors, progress lines, the shipped recipes.
 
-import os
-import re
-import subprocess
-import sys
+The small real run checked against its store is the README tour's (tests/test_docs.py)."""
+
 from pathlib import Path
 
 import pytest
-import sqlite_utils
 import yaml
 from click.testing import CliRunner
 
@@ -80,63 +77,6 @@ def test_progress_without_a_terminal_prints_each_task_group_and_each_step(capsys
     assert lines[2].startswith("step 1/2: reward 0.12") and "policy update follows" in out
 
 
-def test_small_real_run_prints_what_the_store_holds(tmp_path):
-    """SmolLM2-135M from its pip GGUF, real BFCL, a real TRL step; the summary must match seal.db."""
-    out = tmp_path / "run"
-    settings = ["data.num_tasks=1", "grpo.tasks_per_step=1", "grpo.steps=1", "rollout.num_generations=2",
-                "rollout.max_new_tokens=16", "rollout.max_model_calls=2", "rollout.max_turns=1"]
-    command = [sys.executable, "-m", "seal_lite", "run", "--out", str(out)]
-    for setting in settings:
-        command += ["--set", setting]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1800,
-                            env={**os.environ, "COLUMNS": "200"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    text = result.stdout
-
-    db = sqlite_utils.Database(out / "seal.db")
-    assert set(db.table_names()) >= {"runs", "steps", "tasks", "trajectories", "turns", "interface_versions", "metrics"}
-    run = next(db["runs"].rows)
-    assert run["status"] == "finished"
-    steps = list(db["steps"].rows)
-    trajectories = list(db["trajectories"].rows)
-    assert len(steps) == 1 and len(trajectories) == 2 and db["turns"].count == 2
-
-    def row(name):
-        match = re.search(rf"{re.escape(name)}\s*│\s*(.+?)\s*│", text)
-        assert match, f"summary lacks {name!r}:\n{text}"
-        return match.group(1)
-
-    assert int(row("steps")) == len(steps)
-    assert float(row("mean reward (official verdict)")) == round(sum(t["reward"] for t in trajectories) / 2, 3)
-    labels = dict(db.execute("select label, count(*) from turns group by label").fetchall())
-    assert row("turn labels") == ", ".join(f"{label} {n}" for label, n in sorted(labels.items(), key=lambda x: -x[1]))
-    low, high = (float(x) for x in row("diagnosis weight range").split(" - "))
-    assert (low, high) == (round(steps[0]["weight_min"], 2), round(steps[0]["weight_max"], 2))
-    assert row("database") == str(out / "seal.db")
-    assert steps[0]["loss"] is not None and (out / "adapter" / "adapter_config.json").exists()
-
-    # on a CPU the default rollout engine is llama.cpp with the exported LoRA. SmolLM2 fails every trajectory, so
-    # the step has no learning signal: the update is skipped, and with it the engines' log-prob comparison
-    assert "rollouts llamacpp" in text
-    metrics = dict(db.execute("select name, value from metrics where step = 1").fetchall())
-    assert metrics["grpo/advantage_abs_mean"] == 0 and metrics["grpo/update_skipped"] == 1.0
-    assert "grpo/engine/logprob_gap_mean" not in metrics
-    assert "no learning signal" in text
-    assert metrics["time/prefill_s"] > 0 and metrics["time/decode_s"] > 0 and metrics["time/update_s"] > 0
-
-    # the trained policy next to the base model on a held-out task; results are stored with the run
-    evaluated = subprocess.run([sys.executable, "-m", "seal_lite", "eval", str(out), "--base", "--split",
-                                "multi_turn_base_1"], capture_output=True, text=True, timeout=1800, check=False,
-                               env={**os.environ, "COLUMNS": "200"})
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert "base" in evaluated.stdout and "step 1" in evaluated.stdout
-    stored = {(row["model"], row["task_id"]) for row in db["evaluations"].rows}
-    assert stored == {("base", "multi_turn_base_1"), ("step 1", "multi_turn_base_1")}
-    missing = subprocess.run([sys.executable, "-m", "seal_lite", "eval", str(out), "--step", "7"],
-                             capture_output=True, text=True, timeout=900, check=False)  # a hang guard
-    assert missing.returncode == 1 and "keeps checkpoints of steps [1], not 7" in missing.stderr
-
-
 def test_the_paper_recipe_says_what_the_paper_did():
     """SEAL_METHOD.md §2 and §8; what still differs is docs/deviations.md's (LoRA, its learning rate, 4-bit)."""
     paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml")
@@ -170,33 +110,59 @@ def test_each_ablation_is_the_paper_recipe_minus_its_part():
         assert sorted(recipe_differences(paper, recipe)) == sorted(["name", *parts]), name
 
 
-def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
-    """scripts/cpu_experiment.py's arms: SEAL is recipes/cpu-qwen0.5b.yaml, vanilla GRPO is that recipe with
-    exactly the parts recipes/ablation-vanilla-grpo.yaml turns off (and φ_err, φ_cap, which the paper lacks)."""
+def _cpu_experiment():
     import importlib.util
-
-    from seal_lite.cli import _parse_overrides
-    from seal_lite.runner import recipe_differences
 
     spec = importlib.util.spec_from_file_location("cpu_experiment", ROOT / "scripts" / "cpu_experiment.py")
     experiment = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(experiment)
+    return experiment
+
+
+def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
+    """scripts/cpu_experiment.py's arms: SEAL is recipes/cpu-learn.yaml, vanilla GRPO is that recipe with
+    exactly the parts recipes/ablation-vanilla-grpo.yaml turns off (and φ_err, φ_cap, which the paper lacks)."""
+    from seal_lite.cli import _parse_overrides
+    from seal_lite.runner import recipe_differences
+
+    experiment = _cpu_experiment()
     common = _parse_overrides(tuple(experiment.COMMON))
-    seal = load_recipe(ROOT / experiment.RECIPE, {**common, **_parse_overrides(tuple(experiment.METHODS["SEAL"]))})
+    seal = load_recipe(ROOT / experiment.RECIPE, {**common, **_parse_overrides(tuple(experiment.ARMS["SEAL"]))})
     vanilla = load_recipe(ROOT / experiment.RECIPE,
-                          {**common, **_parse_overrides(tuple(experiment.METHODS["vanilla GRPO"]))})
+                          {**common, **_parse_overrides(tuple(experiment.ARMS["vanilla GRPO"]))})
     assert sorted(recipe_differences(seal.model_dump(), vanilla.model_dump())) == [
         "grpo.closed_loop", "grpo.diagnosis_weighting", "interface.capability_hints", "interface.recovery_feedback",
         "interface.schema_cues"]
     assert seal.interface.schema_cues and seal.grpo.diagnosis_weighting and seal.grpo.closed_loop
-    paper_vanilla = load_recipe(ROOT / "recipes" / "ablation-vanilla-grpo.yaml")
-    # both arms train under the opt-in signatures format (a cost choice, not a SEAL part)
-    assert seal.interface.tool_format == vanilla.interface.tool_format == "signatures"
-    assert (vanilla.interface.model_copy(update={"tool_format": "official"}), vanilla.grpo.diagnosis_weighting,
-            vanilla.grpo.closed_loop) == (paper_vanilla.interface, paper_vanilla.grpo.diagnosis_weighting,
-                                          paper_vanilla.grpo.closed_loop)
-    # the base model is evaluated under the same rollout budget as the runs' own evaluations
-    base_rollout = load_recipe(None, _parse_overrides(tuple(f"rollout.{k}" for k in experiment.ROLLOUT)
-                                                      + ("rollout.max_turns=2",))).rollout
-    assert base_rollout.model_dump(exclude={"backend", "num_generations", "temperature", "max_logprob_gap"}) == \
-        seal.rollout.model_dump(exclude={"backend", "num_generations", "temperature", "max_logprob_gap"})
+
+
+def test_the_cpu_experiments_intervals_and_summary(tmp_path):
+    """The statistics docs/results.md reports: bootstrap intervals of a mean, quarters of a reward curve, paired
+    differences over the same tasks, and the summary and figure drawn from runs and evaluations."""
+    experiment = _cpu_experiment()
+    low, high = experiment.bootstrap_interval([0.0, 1.0] * 20)
+    assert low < 0.5 < high and high - low < 0.4
+    wide = experiment.bootstrap_interval([0.0, 1.0] * 3)
+    assert wide[1] - wide[0] > high - low  # fewer values, a wider interval
+    assert experiment.quarters([0.0, 0.0, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0]) == (0.0, 1.0)
+    assert experiment.quarters([0.25]) == (0.25, 0.25)
+    with pytest.raises(ValueError, match="different tasks"):
+        experiment.per_task_means([{"a": 1.0}, {"b": 1.0}])
+
+    tasks = [f"multi_turn_base_{i}" for i in range(30)]
+    base = {task: {"accuracy": 0.0, "turn_pass_rate": 0.0} for task in tasks}
+    better = {task: {"accuracy": float(i % 3 == 0), "turn_pass_rate": float(i % 3 == 0)} for i, task in enumerate(tasks)}
+    same = experiment.paired_difference({t: 0.0 for t in tasks}, {t: 0.0 for t in tasks})
+    assert same["mean"] == 0 and not experiment.distinguishable(same)
+    runs = {arm: {seed: {"rewards": [0.1 * seed, 0.2, 0.3, gain + 0.1 * seed], "updated": 3, "signal_share": 0.5}
+                  for seed in range(3)} for arm, gain in (("vanilla GRPO", 0.3), ("SEAL", 0.6))}
+    scores = {"official": {"base": [base], "vanilla GRPO": [base, base, base], "SEAL": [better, better, base]}}
+    summary = experiment.summarize(tasks[:4], runs, scores)
+    assert summary["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.6)
+    arms = summary["held_out"]["official"]["arms"]
+    assert arms["SEAL"]["accuracy"]["mean"] == pytest.approx(10 / 30 * 2 / 3) and arms["base"]["accuracy"]["mean"] == 0
+    difference = summary["held_out"]["official"]["differences"]["SEAL - vanilla GRPO"]["accuracy"]
+    assert difference["tasks"] == 30 and experiment.distinguishable(difference)
+    assert not experiment.distinguishable(summary["held_out"]["official"]["differences"]["vanilla GRPO - base"]["accuracy"])
+    experiment.draw(summary, tmp_path / "figure.png")
+    assert (tmp_path / "figure.png").stat().st_size > 10_000

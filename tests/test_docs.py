@@ -3,6 +3,7 @@
 Every `seal-lite ...` command they print (in code blocks and inline code) must name a real command, use only
 options that command accepts, and set only recipe fields that exist; every recipe and relative link they name
 must exist; and docs/commands.md must hold each command's current `--help`, which scripts/make_docs.py writes.
+The README's five-minute tour runs word for word on a small real run, whose printed summary must match its store.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import click
 import pytest
+import sqlite_utils
 import yaml
 
 from seal_lite.cli import main
@@ -221,8 +223,9 @@ def tour_lines() -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_readme_tour_runs_as_printed(tmp_path):
-    """Each tour command, word for word, on a small real run in runs/quickstart (SmolLM2, real BFCL, one step).
+def test_the_readme_tour_runs_as_printed_and_prints_what_the_store_holds(tmp_path):
+    """Each tour command, word for word, on a small real run in runs/quickstart (SmolLM2 from its pip GGUF, real
+    BFCL, a real TRL step); the run's summary must match its seal.db, and eval stores what it printed.
 
     The run itself is the quickstart with smaller budgets and the README's trajectory's task, so the printed
     `--trajectory` id exists; `seal-lite eval` then inherits those budgets from the run's recipe."""
@@ -238,15 +241,55 @@ def test_the_readme_tour_runs_as_printed(tmp_path):
     environment = {**os.environ, "COLUMNS": "200", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
-    def seal_lite(arguments: list[str]) -> str:
+    def seal_lite(arguments: list[str], returncode: int = 0) -> subprocess.CompletedProcess:
         result = subprocess.run([sys.executable, "-m", "seal_lite", *arguments], cwd=tmp_path, capture_output=True,
-                                text=True, timeout=1800, env=environment, check=False)
-        assert result.returncode == 0, f"seal-lite {shlex.join(arguments)}:\n{result.stderr[-3000:]}"
-        return result.stdout
+                                text=True, timeout=1800, env=environment, check=False)  # a hang guard
+        assert result.returncode == returncode, f"seal-lite {shlex.join(arguments)}:\n{result.stderr[-3000:]}"
+        return result
 
-    seal_lite(["run", *[word for setting in settings for word in ("--set", setting)]])
-    assert (tmp_path / "runs" / "quickstart" / "seal.db").is_file()
-    outputs = {line: seal_lite(shlex.split(line)[1:]) for line in lines if line != "seal-lite run"}
+    summary = seal_lite(["run", *[word for setting in settings for word in ("--set", setting)]]).stdout
+    out = tmp_path / "runs" / "quickstart"
+    check_summary_against_store(summary, out, cwd=tmp_path)
+    outputs = {line: seal_lite(shlex.split(line)[1:]).stdout for line in lines if line != "seal-lite run"}
     assert trajectory in outputs[next(line for line in lines if "--trajectory" in line)]
-    assert (tmp_path / "runs" / "quickstart" / "report" / "report.html").is_file()
-    assert "base" in outputs[next(line for line in lines if line.startswith("seal-lite eval"))]
+    assert (out / "report" / "report.html").is_file()
+
+    # the trained policy next to the base model on held-out tasks; results are stored with the run
+    evaluation = outputs[next(line for line in lines if line.startswith("seal-lite eval"))]
+    assert "base" in evaluation and "step 1" in evaluation
+    stored = sqlite_utils.Database(out / "seal.db").execute("select model, count(*) from evaluations group by model")
+    assert dict(stored.fetchall()) == {"base": 4, "step 1": 4}  # --tasks 1: one task of each of the 4 categories
+    missing = seal_lite(["eval", "runs/quickstart", "--step", "7"], returncode=1)
+    assert "keeps checkpoints of steps [1], not 7" in missing.stderr
+
+
+def check_summary_against_store(text: str, out: Path, cwd: Path) -> None:
+    """The table `seal-lite run` prints at the end says what seal.db holds."""
+    db = sqlite_utils.Database(out / "seal.db")
+    assert set(db.table_names()) >= {"runs", "steps", "tasks", "trajectories", "turns", "interface_versions", "metrics"}
+    assert next(db["runs"].rows)["status"] == "finished"
+    steps, trajectories = list(db["steps"].rows), list(db["trajectories"].rows)
+    assert len(steps) == 1 and len(trajectories) == 2 and db["turns"].count == 2
+
+    def row(name):
+        match = re.search(rf"{re.escape(name)}\s*│\s*(.+?)\s*│", text)
+        assert match, f"summary lacks {name!r}:\n{text}"
+        return match.group(1)
+
+    assert int(row("steps")) == len(steps)
+    assert float(row("mean reward (official verdict)")) == round(sum(t["reward"] for t in trajectories) / 2, 3)
+    labels = dict(db.execute("select label, count(*) from turns group by label").fetchall())
+    assert row("turn labels") == ", ".join(f"{label} {n}" for label, n in sorted(labels.items(), key=lambda x: -x[1]))
+    low, high = (float(x) for x in row("diagnosis weight range").split(" - "))
+    assert (low, high) == (round(steps[0]["weight_min"], 2), round(steps[0]["weight_max"], 2))
+    assert (cwd / row("database")).resolve() == (out / "seal.db").resolve()  # relative to where it ran
+    assert steps[0]["loss"] is not None and (out / "adapter" / "adapter_config.json").exists()
+
+    # on a CPU the default rollout engine is llama.cpp with the exported LoRA. SmolLM2 fails every trajectory, so
+    # the step has no learning signal: the update is skipped, and with it the engines' log-prob comparison
+    assert "rollouts llamacpp" in text
+    metrics = dict(db.execute("select name, value from metrics where step = 1").fetchall())
+    assert metrics["grpo/advantage_abs_mean"] == 0 and metrics["grpo/update_skipped"] == 1.0
+    assert "grpo/engine/logprob_gap_mean" not in metrics
+    assert "no learning signal" in text
+    assert metrics["time/prefill_s"] > 0 and metrics["time/decode_s"] > 0 and metrics["time/update_s"] > 0
