@@ -31,7 +31,9 @@ from seal_lite import profile
 
 def usable_cores() -> int:
     """The cores this process may run on (taskset, cgroup cpusets), not all of the machine's: llama.cpp's threads
-    wait for each other, so one thread more than there are cores slows every token several-fold."""
+    wait for each other, so one thread more than there are cores slows every token several-fold. Every llama.cpp
+    seal-lite starts gets it for both thread counts: llama-cpp-python's default for reading prompts
+    (``n_threads_batch``) is the machine's whole CPU count, whatever the affinity."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -46,7 +48,8 @@ class InProcessModel:
     def __init__(self, model_path: str, n_ctx: int = 4096, n_threads: int | None = None, seed: int = 0):
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path, n_ctx=n_ctx, n_threads=n_threads or usable_cores(), seed=seed, verbose=False)
+        threads = n_threads or usable_cores()
+        self.llm = Llama(model_path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=seed, verbose=False)
 
     def complete(self, messages: list[dict], schema: dict, max_tokens: int, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
@@ -137,8 +140,8 @@ class LlamaCppGenerator:
         from llama_cpp import Llama
 
         while len(self.contexts) < len(batch):
-            llm = Llama(self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads, flash_attn=True, seed=0,
-                        verbose=False)
+            llm = Llama(self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads,
+                        flash_attn=True, seed=0, verbose=False)
             self.stop_ids.add(llm.token_eos())
             self.contexts.append(llm)
             self.adapters.append(None)
@@ -307,7 +310,8 @@ class LocalServer:
         self.port = _free_port()
         command = [sys.executable, "-c", _SERVER_BOOTSTRAP, str(os.getpid()), "--model", self.model_path,
                    "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-                   "--n_threads", str(self.n_threads)] + (["--lora_path", self.lora_path] if self.lora_path else [])
+                   "--n_threads", str(self.n_threads), "--n_threads_batch", str(self.n_threads)] + \
+            (["--lora_path", self.lora_path] if self.lora_path else [])
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         started = time.monotonic()

@@ -119,3 +119,19 @@ def test_load_adapter_changes_the_policy_in_place_and_drops_stale_caches(smol_to
         generator.close()
     assert plain != tuned
     assert np.allclose(plain, again, atol=1e-4)
+
+
+
+def test_every_llama_cpp_reads_prompts_with_the_threads_it_was_given(smol_tokenizer):
+    """llama-cpp-python reads prompts with the machine's whole CPU count unless told (2 here): a process pinned to
+    fewer cores (taskset, a cgroup, one core per process of a several-process run) would oversubscribe them."""
+    from seal_lite.llamacpp import InProcessModel, LocalServer
+
+    generator = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=512, n_threads=1)
+    generator.generate([[1, 2, 3]], 1, 0.0)
+    (llm,) = generator.contexts
+    assert (llm.context_params.n_threads, llm.context_params.n_threads_batch) == (1, 1)
+    assert InProcessModel(SMOL, n_ctx=512, n_threads=1).llm.context_params.n_threads_batch == 1
+    with LocalServer(SMOL, n_ctx=512, n_threads=1) as server:
+        argv = Path(f"/proc/{server.process.pid}/cmdline").read_bytes().decode().split("\0")
+    assert argv[argv.index("--n_threads_batch") + 1] == "1"
