@@ -166,3 +166,24 @@ def test_the_cpu_experiments_intervals_and_summary(tmp_path):
     assert not experiment.distinguishable(summary["held_out"]["official"]["differences"]["vanilla GRPO - base"]["accuracy"])
     experiment.draw(summary, tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
+
+
+def test_the_step_size_sweep_reads_a_runs_store(tmp_path, monkeypatch):
+    """scripts/cpu_sweep.py (issue 17's lr and rank sweep) shares the experiment's screen and statistics, and reads
+    the reward quarters and the watched metrics from a run's store; a metric never logged shows as missing."""
+    import importlib.util
+
+    from seal_lite.store import Store
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location("cpu_sweep", ROOT / "scripts" / "cpu_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    store = Store(tmp_path / "seal.db")
+    for step, reward in enumerate([0.0, 0.25, 0.5, 0.75], start=1):
+        store.db["steps"].insert({"step": step, "reward_mean": reward}, alter=True)
+        store.db["metrics"].insert_all([{"step": step, "name": "grpo/update_skipped", "value": float(step == 1)},
+                                        {"step": step, "name": "grpo/entropy", "value": 0.5 + step}], alter=True)
+    figures = sweep.run_figures(tmp_path)
+    assert (figures["first"], figures["last"], figures["steps"], figures["updated"]) == (0.0, 0.75, 4, 3)
+    assert figures["grpo/entropy"] == 3.0 and figures["grpo/kl"] is None

@@ -1,0 +1,71 @@
+"""Step size on the frontier (issue 17): short SEAL runs of recipes/cpu-learn.yaml over learning rates and LoRA ranks.
+
+Every run trains on the frontier tasks of the experiment's screen (scripts/cpu_experiment.py screens once, into
+OUT/screen; this script reuses or makes it), for --steps steps, seed 0, with lora_alpha = 2 x rank. The table shows
+what decides a step size: the reward in the first and last quarter of the steps, how many steps updated the policy,
+and the means over the run of the KL to the reference, the policy's entropy, the LoRA norm, the gradient norm and
+the llama.cpp / torch log-prob gap (a policy that moves too fast drifts from the engine that samples for it).
+Finished runs are kept, so the same command resumes.
+
+    .venv/bin/python scripts/cpu_sweep.py --rates 5e-5,1e-4,3e-4 --ranks 8,16 --steps 10 --out runs/cpu-experiment
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from cpu_experiment import COMMON, RECIPE, ROOT, frontier_ids, quarters, seal_lite, sets
+
+WATCHED = ("grpo/kl", "grpo/entropy", "grpo/lora_norm", "grpo/grad_norm", "grpo/engine/logprob_gap_mean")
+
+
+def run_figures(run_dir: Path) -> dict:
+    from seal_lite.store import Store
+
+    store = Store(run_dir / "seal.db")
+    rewards = [step["reward_mean"] for step in store.steps()]
+    first, last = quarters(rewards)
+    figures = {"first": first, "last": last, "steps": len(rewards),
+               "updated": sum(1 for _, skipped in store.metrics("grpo/update_skipped") if skipped == 0)}
+    for name in WATCHED:
+        values = [value for _, value in store.metrics(name)]
+        figures[name] = statistics.fmean(values) if values else None
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", default=RECIPE)
+    parser.add_argument("--rates", default="5e-5,1e-4,3e-4", help="comma-separated learning rates")
+    parser.add_argument("--ranks", default="8,16", help="comma-separated LoRA ranks")
+    parser.add_argument("--steps", type=int, default=10, help="SEAL steps per run")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu-experiment")
+    args = parser.parse_args()
+    from seal_lite.runner import run_status
+
+    common = [*COMMON, *args.overrides]
+    kept = frontier_ids(args.recipe, args.out, common)
+    train = [*common, f"data.task_ids=[{','.join(kept)}]", "data.screen=null", f"grpo.steps={args.steps}"]
+    rows = []
+    for rate in args.rates.split(","):
+        for rank in (int(r) for r in args.ranks.split(",")):
+            run_dir = args.out / "sweep" / f"lr{rate}-r{rank}"
+            if run_status(run_dir) != "finished":
+                seal_lite("run", args.recipe, "--out", str(run_dir), *sets([
+                    *train, f"grpo.learning_rate={rate}", f"policy.lora_r={rank}", f"policy.lora_alpha={2 * rank}"]))
+            rows.append((rate, rank, run_figures(run_dir)))
+    print(f"\nfrontier: {len(kept)} tasks; {args.steps} steps per run, seed 0")
+    print("\n| lr | rank | reward, first quarter | last quarter | steps updated | " +
+          " | ".join(name.removeprefix("grpo/") for name in WATCHED) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(WATCHED))
+    for rate, rank, figures in rows:
+        watched = " | ".join("-" if figures[name] is None else f"{figures[name]:.3g}" for name in WATCHED)
+        print(f"| {rate} | {rank} | {figures['first']:.2f} | {figures['last']:.2f} | "
+              f"{figures['updated']} of {figures['steps']} | {watched} |")
+
+
+if __name__ == "__main__":
+    main()
