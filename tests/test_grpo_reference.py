@@ -435,3 +435,54 @@ def test_a_detached_prefix_would_fail_the_comparison(case, monkeypatch):
     expected_loss, _, expected_grads = c.trl_result("off", shared=False)
     assert torch.allclose(loss, expected_loss, rtol=1e-5)  # the same values: only the gradient is cut
     assert max_relative_difference(grads, expected_grads) > 1e-2
+
+
+def test_the_prefixs_keys_and_values_are_freed_before_its_own_backward(tiny_model_dir, monkeypatch):
+    """Memory: once every suffix's backward has gone through the prefix's keys and values, nothing holds them
+    (gradient checkpointing recomputes what the prefix's layers need), so they are gone while the prefix's layers
+    are still being backpropagated; the gradients are those of one pass per trajectory."""
+    import weakref
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    prompt, tails = list(range(100, 140)), [[7, 8, 9, 10], [7, 11, 12, 13], [14, 15, 16, 17]]
+    input_ids = torch.tensor([prompt + tail for tail in tails])
+    mask, scored = torch.ones_like(input_ids), torch.ones(len(tails), 4, dtype=torch.bool)
+
+    kept = []
+    release = shared_prefix.PrefixRelease.__init__
+
+    def recording(self, prefix, suffixes):
+        kept.extend(weakref.ref(tensor) for pair in prefix for tensor in pair)
+        release(self, prefix, suffixes)
+
+    monkeypatch.setattr(shared_prefix.PrefixRelease, "__init__", recording)
+    alive_in_prefix_backward = []
+    decoder, _ = shared_prefix.decoder_and_head(model)
+
+    def on_first_forward(module, args, output):
+        if not alive_in_prefix_backward:  # the prefix pass: its next-to-last layer's output gets its gradient
+            hidden = output[0] if isinstance(output, tuple) else output  # from the last layer's backward
+            hidden.register_hook(lambda grad: alive_in_prefix_backward.append(sum(r() is not None for r in kept)))
+            alive_in_prefix_backward.append(None)
+
+    handle = decoder.layers[-2].register_forward_hook(on_first_forward)
+    logps, _ = shared_prefix.score_completions(model, input_ids, mask, 4, scored, 1.0)
+    handle.remove()
+    (logps * torch.arange(1, 13.0).view(3, 4)).sum().backward()
+    shared = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+    assert len(kept) == 2 * len(decoder.layers) and alive_in_prefix_backward == [None, 0]
+
+    model.zero_grad()
+    for row in range(len(tails)):  # one pass per trajectory
+        full = model(input_ids=input_ids[row : row + 1]).logits[0, -5:-1].log_softmax(-1)
+        (full.gather(-1, input_ids[row, -4:, None])[:, 0] * torch.arange(4 * row + 1, 4 * row + 5.0)).sum().backward()
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            assert torch.allclose(shared[name], parameter.grad, atol=1e-6), name
