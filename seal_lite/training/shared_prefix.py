@@ -19,8 +19,9 @@ pass and log-probs are one checkpointed function, recomputed in the backward pas
 the suffix tokens), so the backward holds one suffix at a time; with the model's gradient checkpointing, the
 decoder layers also checkpoint themselves inside it (the cache is read-only, so a replayed layer reads the same
 keys and values: ``_can_checkpoint_with_cache``; nested non-reentrant checkpoints), and the LM head and
-log-softmax are checkpointed per chunk of positions, so no vocabulary-wide logits outlive their chunk. Memory
-thus stays what one trajectory per micro-batch needs, whatever G.
+log-softmax are checkpointed per chunk of positions, so no vocabulary-wide logits outlive their chunk. The
+prefix's keys and values are let go once the last suffix's backward has passed (``PrefixRelease``), before the
+prefix's own backward. Memory thus stays what one trajectory per micro-batch needs, whatever G.
 
 Model support: decoder-only models whose attention layers read the cache through ``past_key_values.update`` and
 use full (not sliding-window) attention, without logit soft-capping: Llama, Qwen2, SmolLM2 and the like.
