@@ -106,6 +106,11 @@ def frontier_ids(recipe: str, out: Path, overrides: list[str]) -> list[str]:
     return frontier({task_id: row["passes"] / row["samples"] for task_id, row in rows.items()})
 
 
+def on_frontier(kept: list[str]) -> list[str]:
+    """The overrides that train on exactly the screened frontier tasks, without screening again."""
+    return [f"data.task_ids=[{','.join(kept)}]", "data.screen=null"]
+
+
 def held_out_ids(count: int) -> list[str]:
     ids = (ROOT / "data" / "eval_ids.txt").read_text().split()
     return [task_id for task_id in ids if task_id.startswith("multi_turn_base_")][:count]
@@ -123,10 +128,10 @@ def training(run_dir: Path) -> dict:
     from seal_lite.store import Store
 
     store = Store(run_dir / "seal.db")
+    shares = [value for _, value in store.metrics("grpo/groups_with_signal")]
     return {"rewards": [step["reward_mean"] for step in store.steps()],
             "updated": sum(1 for _, skipped in store.metrics("grpo/update_skipped") if skipped == 0),
-            "signal_share": statistics.fmean(value for _, value in store.metrics("grpo/groups_with_signal"))
-            if store.metrics("grpo/groups_with_signal") else None}
+            "signal_share": statistics.fmean(shares) if shares else None}
 
 
 def main() -> None:
@@ -139,6 +144,9 @@ def main() -> None:
                         help="override a recipe field for the screen and every run (repeatable)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu-experiment")
     args = parser.parse_args()
+    from seal_lite.cli import _parse_overrides
+    from seal_lite.runner import run_status
+
     seeds = [int(seed) for seed in args.seeds.split(",")]
     views = args.views.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -146,12 +154,10 @@ def main() -> None:
 
     kept = frontier_ids(args.recipe, args.out, common)
     print(f"frontier: {len(kept)} tasks: {' '.join(kept)}", flush=True)
-    train = [*common, f"data.task_ids=[{','.join(kept)}]", "data.screen=null"]
+    train = [*common, *on_frontier(kept)]
     held_out = ",".join(held_out_ids(args.eval_tasks))
 
     recipe = yaml.safe_load((ROOT / args.recipe).read_text())
-    from seal_lite.cli import _parse_overrides
-
     rollout = {**recipe.get("rollout", {}), **{key.split(".", 1)[1]: value for key, value
                                                in _parse_overrides(tuple(args.overrides)).items()
                                                if key.startswith("rollout.")}}
@@ -167,8 +173,6 @@ def main() -> None:
     for seed in seeds:
         for arm, overrides in ARMS.items():
             run_dir = args.out / f"{SLUG[arm]}-seed{seed}"
-            from seal_lite.runner import run_status
-
             if run_status(run_dir) != "finished":
                 seal_lite("run", args.recipe, "--out", str(run_dir), *sets([*train, f"seed={seed}", *overrides]))
             runs.setdefault(arm, {})[seed] = training(run_dir)

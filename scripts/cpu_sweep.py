@@ -16,7 +16,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from cpu_experiment import COMMON, RECIPE, ROOT, frontier_ids, quarters, seal_lite, sets
+from cpu_experiment import COMMON, RECIPE, ROOT, frontier_ids, on_frontier, quarters, seal_lite, sets, training
 
 WATCHED = ("grpo/kl", "grpo/entropy", "grpo/lora_norm", "grpo/grad_norm", "grpo/engine/logprob_gap_mean")
 
@@ -24,11 +24,10 @@ WATCHED = ("grpo/kl", "grpo/entropy", "grpo/lora_norm", "grpo/grad_norm", "grpo/
 def run_figures(run_dir: Path) -> dict:
     from seal_lite.store import Store
 
+    run = training(run_dir)
+    first, last = quarters(run["rewards"])
+    figures = {"first": first, "last": last, "steps": len(run["rewards"]), "updated": run["updated"]}
     store = Store(run_dir / "seal.db")
-    rewards = [step["reward_mean"] for step in store.steps()]
-    first, last = quarters(rewards)
-    figures = {"first": first, "last": last, "steps": len(rewards),
-               "updated": sum(1 for _, skipped in store.metrics("grpo/update_skipped") if skipped == 0)}
     for name in WATCHED:
         values = [value for _, value in store.metrics(name)]
         figures[name] = statistics.fmean(values) if values else None
@@ -48,7 +47,7 @@ def main() -> None:
 
     common = [*COMMON, *args.overrides]
     kept = frontier_ids(args.recipe, args.out, common)
-    train = [*common, f"data.task_ids=[{','.join(kept)}]", "data.screen=null", f"grpo.steps={args.steps}"]
+    train = [*common, *on_frontier(kept), f"grpo.steps={args.steps}"]
     rows = []
     for rate in args.rates.split(","):
         for rank in (int(r) for r in args.ranks.split(",")):

@@ -250,6 +250,33 @@ def report(run_dir, out_dir, samples):
     click.echo(str(page))
 
 
+def _run_to_evaluate(run_dir: Path, overrides: tuple[str, ...], base: bool, steps: tuple[int, ...]):
+    """(store, recipe, [(label, adapter)]) of a run directory for `seal-lite eval`: the run's own recipe with --set
+    on top, the base model with --base (adapter None), and the trained adapters (--step; default: the newest)."""
+    import json
+
+    from seal_lite.store import Store
+
+    store = Store(run_dir / "seal.db")
+    try:
+        config = load_recipe(None, {**json.loads(store.run()["recipe"]), **_parse_overrides(overrides)})
+    except RecipeError as error:
+        raise click.ClickException(f"invalid recipe:\n{error}") from None
+    variants = [("base", None)] if base else []
+    variants += [(f"step {step}", path) for step, path in _trained_adapters(store, run_dir, steps)]
+    return store, config, variants
+
+
+def _model_recipe(target: str, overrides: tuple[str, ...], or_else: str):
+    """The default recipe with TARGET as its policy, TARGET checked as a model before anything loads (as `run`
+    checks its recipe); ``or_else`` names what else TARGET could have been, for the error."""
+    from seal_lite.preflight import model_problem
+
+    if problem := model_problem(target):
+        raise click.BadParameter(f"{target!r} is neither {or_else} nor a usable model: {problem}", param_hint="TARGET")
+    return _load(None, overrides + (f"policy.model={target}",))
+
+
 def _trained_adapters(store, run_dir: Path, steps: tuple[int, ...]) -> list[tuple[int, Path]]:
     """(step, adapter directory) for the requested steps' checkpoints, or the run's newest adapter."""
     checkpoints = {row["step"]: run_dir / row["path"] for row in store.db["checkpoints"].rows}
@@ -358,25 +385,10 @@ def evaluate_command(ctx, target, split, per_category, base, steps, overrides, j
     from seal_lite.interface import NOT_BFCL_VIEW
 
     run_dir = Path(target) if (Path(target) / "seal.db").exists() else None
-    store = None
     if run_dir is not None:
-        from seal_lite.store import Store
-
-        store = Store(run_dir / "seal.db")
-        try:  # the run's own recipe, with --set on top
-            config = load_recipe(None, {**json.loads(store.run()["recipe"]), **_parse_overrides(overrides)})
-        except RecipeError as error:
-            raise click.ClickException(f"invalid recipe:\n{error}") from None
-        models = [("base", None)] if base else []
-        models += [(f"step {step}", path) for step, path in _trained_adapters(store, run_dir, steps)]
+        store, config, models = _run_to_evaluate(run_dir, overrides, base, steps)
     else:
-        from seal_lite.preflight import model_problem
-
-        if problem := model_problem(target):  # checked before anything loads, as `run` checks its recipe
-            raise click.BadParameter(f"{target!r} is neither a run directory nor a usable model: {problem}",
-                                     param_hint="TARGET")
-        config = _load(None, overrides + (f"policy.model={target}",))
-        models = [("base", None)]
+        store, config, models = None, _model_recipe(target, overrides, "a run directory"), [("base", None)]
     tasks = [task.truncated(config.rollout.max_turns) for task in load_tasks(_eval_task_ids(split, per_category))]
     if view != "official":
         click.echo(f"note: the {view} view is {NOT_BFCL_VIEW}; these results are not BFCL multi-turn scores",
@@ -432,13 +444,7 @@ def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrid
         if into:
             raise click.BadParameter("a run directory stores its own results; --run is for a model or URL TARGET",
                                      param_hint="--run")
-        store = Store(run_dir / "seal.db")
-        try:
-            config = load_recipe(None, {**json.loads(store.run()["recipe"]), **_parse_overrides(overrides)})
-        except RecipeError as error:
-            raise click.ClickException(f"invalid recipe:\n{error}") from None
-        variants = [("base", None)] if base else []
-        variants += [(f"step {step}", path) for step, path in _trained_adapters(store, run_dir, steps)]
+        store, config, variants = _run_to_evaluate(run_dir, overrides, base, steps)
     else:
         if base or steps:
             raise click.BadParameter("--base and --step need a run directory", param_hint="TARGET")
@@ -447,12 +453,7 @@ def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrid
                 raise click.BadParameter(f"{into} holds no seal.db: give a run directory", param_hint="--run")
             store = Store(Path(into) / "seal.db")
         if not is_url(target):
-            from seal_lite.preflight import model_problem
-
-            if problem := model_problem(target):
-                raise click.BadParameter(f"{target!r} is neither a run directory, a server URL nor a usable model: "
-                                         f"{problem}", param_hint="TARGET")
-            config = _load(None, overrides + (f"policy.model={target}",))
+            config = _model_recipe(target, overrides, "a run directory, a server URL")
         variants = [(target, None)]
     policy_spec = config.policy.model if config is not None else target
     # Where the agent runs: a server already up (URL); llama.cpp servers for a GGUF on a CPU, as the run's rollouts;

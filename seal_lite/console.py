@@ -104,25 +104,32 @@ class EvalProgress:
 
     def __call__(self, result) -> None:
         self.done += 1
-        self.passed += result.valid
-        outcome = "pass" if result.valid else "fail"
-        status = f"{self.passed} passed; {result.task_id}: {outcome} ({result.turns_passed}/{result.turns} turns)"
+        self.passed += self.solved(result)
+        status = f"{self.passed} passed; {self.describe(result)}"
         self.bars.update(self.bar, advance=1, status=status)
         if not progress_console.is_terminal:
             progress_console.print(f"  {self.done}/{self.total} {status}", highlight=False)
+
+    @staticmethod
+    def solved(result) -> bool:
+        return result.valid
+
+    @staticmethod
+    def describe(result) -> str:
+        return f"{result.task_id}: {'pass' if result.valid else 'fail'} ({result.turns_passed}/{result.turns} turns)"
 
 
 class Tau2Progress(EvalProgress):
     """EvalProgress for τ² tasks: each task's reward, how the conversation ended, and its time."""
 
-    def __call__(self, result) -> None:
-        self.done += 1
-        self.passed += result.reward == 1.0
-        status = (f"{self.passed} passed; {result.domain} {result.task_id}: reward {result.reward:g} "
-                  f"({result.termination}, {result.messages} messages, {result.seconds:.0f} s)")
-        self.bars.update(self.bar, advance=1, status=status)
-        if not progress_console.is_terminal:
-            progress_console.print(f"  {self.done}/{self.total} {status}", highlight=False)
+    @staticmethod
+    def solved(result) -> bool:
+        return result.reward == 1.0
+
+    @staticmethod
+    def describe(result) -> str:
+        return (f"{result.domain} {result.task_id}: reward {result.reward:g} ({result.termination}, "
+                f"{result.messages} messages, {result.seconds:.0f} s)")
 
 
 def print_tau2(summaries: dict[str, dict[str, dict[str, float]]], user_label: str) -> None:

@@ -183,17 +183,23 @@ def _evaluation_table(store: Store) -> str:
     if not results:
         return ("<h2>Evaluation</h2><p>No BFCL evaluation yet: run <code>seal-lite eval RUN --base</code>.</p>"
                 + _tau2_table(rows))
-    summaries = {model: summarize(rows) for model, rows in results.items()}
-    categories = [c for c in TABLE_ROWS if any(c in summary for summary in summaries.values())]
-    head = "".join(f"<th>{html.escape(model)}</th>" for model in summaries)
-    lines = []
-    for category in categories:
-        cells = "".join(
-            f"<td>{100 * s[category]['accuracy']:.1f} ({100 * s[category]['turn_pass_rate']:.1f}), "
-            f"n={s[category]['tasks']}</td>" if category in s else "<td>-</td>" for s in summaries.values())
-        lines.append(f"<tr><th>{category}</th>{cells}</tr>")
+    summaries = {model: summarize(found) for model, found in results.items()}
+    table = _models_table("category", TABLE_ROWS, summaries,
+                          lambda row: f"{100 * row['accuracy']:.1f} ({100 * row['turn_pass_rate']:.1f}), n={row['tasks']}")
     return ("<h2>Evaluation</h2><p>Official verdict accuracy % (turn pass rate %), greedy, plain interface.</p>"
-            f"<table class='evaluation'><tr><th>category</th>{head}</tr>{''.join(lines)}</table>" + _tau2_table(rows))
+            f"<table class='evaluation'>{table}</table>" + _tau2_table(rows))
+
+
+def _models_table(first: str, keys, summaries: dict[str, dict], cell) -> str:
+    """The rows of a table with one column per model: a row per key any model's summary holds, ``cell`` of it
+    (or "-" where a model lacks it)."""
+    lines = ["<tr><th>" + first + "</th>" + "".join(f"<th>{html.escape(model)}</th>" for model in summaries)
+             + "</tr>"]
+    for key in keys:
+        if any(key in summary for summary in summaries.values()):
+            cells = "".join(f"<td>{cell(s[key])}</td>" if key in s else "<td>-</td>" for s in summaries.values())
+            lines.append(f"<tr><th>{key}</th>{cells}</tr>")
+    return "".join(lines)
 
 
 def _tau2_table(rows: list[dict]) -> str:
@@ -207,16 +213,11 @@ def _tau2_table(rows: list[dict]) -> str:
     summaries = {model: summarize(found) for model, found in results.items()}
     users = sorted({json.loads(row["detail"] or "{}").get("user_model", "?") for row in rows
                     if row.get("benchmark") == "tau2"})
-    head = "".join(f"<th>{html.escape(model)}</th>" for model in summaries)
-    lines = []
-    for domain in (*DOMAINS, "mean"):
-        if any(domain in summary for summary in summaries.values()):
-            cells = "".join(f"<td>{100 * s[domain]['pass^1']:.1f}, n={s[domain]['tasks']}</td>" if domain in s
-                            else "<td>-</td>" for s in summaries.values())
-            lines.append(f"<tr><th>{domain}</th>{cells}</tr>")
+    table = _models_table("domain", (*DOMAINS, "mean"), summaries,
+                          lambda row: f"{100 * row['pass^1']:.1f}, n={row['tasks']}")
     return (f"<h3>τ²-bench (out of distribution)</h3><p>pass^1 % per domain, one greedy trial per task, user "
             f"simulator: {html.escape(', '.join(users))}. See docs/tau2.md for what the numbers mean.</p>"
-            f"<table class='evaluation tau2'><tr><th>domain</th>{head}</tr>{''.join(lines)}</table>")
+            f"<table class='evaluation tau2'>{table}</table>")
 
 
 def _sample_trajectories(store: Store, samples: int) -> str:

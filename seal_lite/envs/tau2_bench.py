@@ -180,6 +180,13 @@ class ChatSettings:
     timeout_s: float = 1800  # a 7B model on 2 CPU cores reads a τ² prompt (6-9k tokens) in minutes
 
 
+def ask(model, settings: ChatSettings, system: str, history: list, tools: list | None):
+    """(raw answer, message text, tool call): one answer of a role's model to the conversation so far."""
+    text = model.complete(chat_messages(system, history), answer_schema(tools), settings.max_tokens,
+                          settings.timeout_s)
+    return (text, *parse_answer(text, {tool.name for tool in tools or []}))
+
+
 class JsonChatAgent(LLMAgent):
     """The policy under test as τ²'s agent: τ²'s agent system prompt, answers as schema-constrained JSON."""
 
@@ -189,10 +196,8 @@ class JsonChatAgent(LLMAgent):
 
     def generate_next_message(self, message, state: LLMAgentState):
         state.messages.extend(message.tool_messages if isinstance(message, MultiToolMessage) else [message])
-        system = self.system_prompt + tools_block(self.tools, "you")
-        text = self.model.complete(chat_messages(system, state.messages), answer_schema(self.tools),
-                                   self.settings.max_tokens, self.settings.timeout_s)
-        content, call = parse_answer(text, {tool.name for tool in self.tools})
+        text, content, call = ask(self.model, self.settings, self.system_prompt + tools_block(self.tools, "you"),
+                                  state.messages, self.tools)
         answer = AssistantMessage(role="assistant", content=content, tool_calls=[call] if call else None,
                                   raw_data={"text": text})
         state.messages.append(answer)
@@ -212,10 +217,8 @@ class JsonChatUser(UserSimulator):
 
     def _generate_next_message(self, message, state: UserState):
         state.messages.extend(message.tool_messages if isinstance(message, MultiToolMessage) else [message])
-        system = self.system_prompt + tools_block(self.tools, "you (the user)")
-        text = self.model.complete(chat_messages(system, state.flip_roles()), answer_schema(self.tools),
-                                   self.settings.max_tokens, self.settings.timeout_s)
-        content, call = parse_answer(text, {tool.name for tool in self.tools or []})
+        text, content, call = ask(self.model, self.settings, self.system_prompt + tools_block(self.tools, "you (the user)"),
+                                  state.flip_roles(), self.tools)
         if call is not None:
             call.requestor = "user"
         answer = UserMessage(role="user", content=content, tool_calls=[call] if call else None,
