@@ -6,9 +6,10 @@
 2. Train, per seed: vanilla GRPO (the recipe with SEAL's parts off, as recipes/ablation-vanilla-grpo.yaml turns them
    off) and SEAL (the recipe), at the same rollout budget: the recipe's steps x tasks per step x G, and the same
    dynamic-sampling allowance. Both use the rule labels (diagnoser off), as the paper does.
-3. Evaluate the base model and every trained run greedily on the same held-out tasks (the first N base-category
-   tasks of data/eval_ids.txt), under the official view (BFCL's surface) and, with ``--views official,signatures``,
-   under the one-line signatures the recipe trains with (not a BFCL score, and marked so).
+3. Once every run has trained, evaluate the base model and every trained run greedily on the same held-out tasks
+   (the first N base-category tasks of data/eval_ids.txt), under the official view (BFCL's surface) and, with
+   ``--views official,signatures``, under the one-line signatures the recipe trains with (not a BFCL score, and
+   marked so).
 4. Summarize: the training reward in the first and the last quarter of each run's steps (per arm: the mean over
    seeds, with a 95% bootstrap interval over seeds); held-out strict accuracy and turn pass rate per arm (each task
    averaged over seeds, 95% bootstrap interval over tasks) and the paired differences between arms; a figure
@@ -162,13 +163,7 @@ def main() -> None:
                                                in _parse_overrides(tuple(args.overrides)).items()
                                                if key.startswith("rollout.")}}
     base_sets = [f"rollout.{key}={json.dumps(rollout[key])}" for key in EVAL_ROLLOUT if key in rollout]
-    scores: dict[str, dict[str, list[dict]]] = {view: {} for view in views}  # view -> arm -> one per seed
-    for view in views:
-        path = args.out / f"base-{view}-eval{args.eval_tasks}.json"
-        if not path.exists():  # greedy decoding: the base model's score does not depend on the seed
-            seal_lite("eval", recipe["policy"]["model"], "--split", held_out, "--view", view, *sets(base_sets),
-                      "--json", str(path))
-        scores[view]["base"] = [evaluation(path)]
+    # every training run first (the reward curves), then the evaluations: a stop halfway leaves whole curves
     runs: dict[str, dict[int, dict]] = {}
     for seed in seeds:
         for arm, overrides in ARMS.items():
@@ -176,7 +171,16 @@ def main() -> None:
             if run_status(run_dir) != "finished":
                 seal_lite("run", args.recipe, "--out", str(run_dir), *sets([*train, f"seed={seed}", *overrides]))
             runs.setdefault(arm, {})[seed] = training(run_dir)
-            for view in views:
+    scores: dict[str, dict[str, list[dict]]] = {view: {} for view in views}  # view -> arm -> one per seed
+    for view in views:
+        path = args.out / f"base-{view}-eval{args.eval_tasks}.json"
+        if not path.exists():  # greedy decoding: the base model's score does not depend on the seed
+            seal_lite("eval", recipe["policy"]["model"], "--split", held_out, "--view", view, *sets(base_sets),
+                      "--json", str(path))
+        scores[view]["base"] = [evaluation(path)]
+        for seed in seeds:
+            for arm in ARMS:
+                run_dir = args.out / f"{SLUG[arm]}-seed{seed}"
                 path = args.out / f"{SLUG[arm]}-seed{seed}-{view}-eval{args.eval_tasks}.json"
                 if not path.exists():
                     seal_lite("eval", str(run_dir), "--split", held_out, "--view", view, "--json", str(path))
