@@ -63,11 +63,15 @@ class RichProgress:
         self.step, self.tasks, self.done = step, num_tasks, 0
 
     def task_done(self, task_id: str, rewards: list[float]) -> None:
-        self.bars.update(self.bar, advance=1, status=f"{task_id}: rewards {rewards}")
         self.done += 1
+        # past the step's tasks, dynamic sampling is rolling out groups that replace those without a signal
+        where = (f"task {self.done}/{self.tasks}" if self.done <= self.tasks
+                 else f"extra group {self.done - self.tasks} (dynamic sampling)")
+        self.bars.update(self.bar, total=max(self.tasks, self.done), completed=self.done,
+                         status=f"{task_id}: rewards {rewards}")
         if not console.is_terminal:  # a step can take many minutes on a GPU: show each task group as it finishes
-            console.print(f"step {self.step}/{self.total_steps}: task {self.done}/{self.tasks} {task_id}, "
-                          f"rewards {[round(reward) for reward in rewards]}")
+            console.print(f"step {self.step}/{self.total_steps}: {where} {task_id}, "
+                          f"rewards {[round(reward) for reward in rewards]}", soft_wrap=True)  # one line per group
 
     def step_finished(self, step: int, metrics: dict[str, float]) -> None:
         failures = {k[7:-5]: v for k, v in metrics.items()
