@@ -217,8 +217,8 @@ class JsonChatUser(UserSimulator):
 
     def _generate_next_message(self, message, state: UserState):
         state.messages.extend(message.tool_messages if isinstance(message, MultiToolMessage) else [message])
-        text, content, call = ask(self.model, self.settings, self.system_prompt + tools_block(self.tools, "you (the user)"),
-                                  state.flip_roles(), self.tools)
+        system = self.system_prompt + tools_block(self.tools, "you (the user)")
+        text, content, call = ask(self.model, self.settings, system, state.flip_roles(), self.tools)
         if call is not None:
             call.requestor = "user"
         answer = UserMessage(role="user", content=content, tool_calls=[call] if call else None,
