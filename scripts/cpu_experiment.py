@@ -102,7 +102,8 @@ def frontier_ids(recipe: str, out: Path, overrides: list[str]) -> list[str]:
     from seal_lite.screen import frontier
     from seal_lite.store import Store
 
-    seal_lite("screen", recipe, "--out", str(out / "screen"), *sets(overrides))  # resumes a partial screen
+    # the recipe's candidates (data.num_tasks of data.split), not the frontier it may already name
+    seal_lite("screen", recipe, "--out", str(out / "screen"), *sets([*overrides, "data.task_ids=null"]))
     rows = Store(out / "screen" / "seal.db").screen()
     return frontier({task_id: row["passes"] / row["samples"] for task_id, row in rows.items()})
 
