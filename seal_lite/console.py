@@ -77,7 +77,10 @@ class RichProgress:
         failures = {k[7:-5]: v for k, v in metrics.items()
                     if k.startswith("labels/") and k.endswith("_rate") and k[7:-5] not in SUCCESS_LABELS}
         top = max(failures, key=failures.get) if failures else "none"
-        status = (f"reward {metrics['reward/mean']:.2f}  weights {metrics['grpo/weight_min']:.2f}-"
+        reward = f"reward {metrics['reward/mean']:.2f}"
+        if metrics.get("reward/update_mean", metrics["reward/mean"]) != metrics["reward/mean"]:  # groups replaced
+            reward += f" (update batch {metrics['reward/update_mean']:.2f})"
+        status = (f"{reward}  weights {metrics['grpo/weight_min']:.2f}-"
                   f"{metrics['grpo/weight_max']:.2f}  top failure {top}  interface v{metrics['interface/version']:.0f}"
                   f"  rollouts {metrics['time/rollout_s'] - metrics.get('diagnoser/seconds', 0):.0f} s")
         if "diagnoser/seconds" in metrics:

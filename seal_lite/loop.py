@@ -13,7 +13,8 @@ Deviations from the paper, each on purpose:
   policy itself, batched over all of a step's tasks x G trajectories.
 * All three interface components can be on (the paper's published runs kept only phi_schema, statically);
   phi_cap changes with the failure statistics, and every change is a new interface version in the store.
-* ``grpo.dynamic_sampling`` (off by default) replaces groups without a learning signal by other tasks' groups.
+* ``grpo.dynamic_sampling`` (off by default) replaces groups without a learning signal by other tasks' groups;
+  the step's reward stays the mean over the groups it drew (the policy's pass rate, unbiased by the choice).
 * ``rollout.max_turns`` may cut tasks to their first turns (with their ground truth) to fit a CPU budget;
   the reward is then the official verdict on that shorter task.
 
@@ -185,6 +186,8 @@ class SealStep:
         groups = self._gather(self._roll_out(task_ids))  # every process's groups, in the step's task order
         mine = slice(distributed.rank() * len(task_ids) * G, (distributed.rank() + 1) * len(task_ids) * G)
         rolled_out = len(groups)
+        # the policy's pass rate on the tasks the step drew: dynamic sampling's replacements would bias it
+        drawn_reward = sum(d.valid for group in groups for _, d in group) / max(1, sum(map(len, groups)))
         if self.recipe.grpo.dynamic_sampling:
             groups, rolled_out = self._fill_with_signal(groups, [group[0][0].task_id for group in groups])
         trajectories = [trajectory for group in groups for trajectory, _ in group]
@@ -216,7 +219,7 @@ class SealStep:
         metrics = {}
         if self.store is not None:
             metrics = self._record(trajectories, diagnoses, explained, report, labels, advantages, weights, final,
-                                   started, new_version, rolled_out)
+                                   started, new_version, rolled_out, drawn_reward)
         if new_version:
             self.interface, self.version = new_version
         self.progress.step_finished(self.step, metrics)
@@ -329,7 +332,7 @@ class SealStep:
         return labels
 
     def _record(self, trajectories, diagnoses, explained, report, labels, advantages, weights, final, started,
-                new_version, rolled_out) -> dict:
+                new_version, rolled_out, drawn_reward) -> dict:
         rewards = [1.0 if d.valid else 0.0 for d in diagnoses]
         G = self.recipe.rollout.num_generations
         groups = [rewards[start : start + G] for start in range(0, len(rewards), G)]
@@ -356,7 +359,8 @@ class SealStep:
         counts = Counter(label for trajectory_labels in labels for label in trajectory_labels)
         counted = sum(n for label, n in counts.items() if label not in EXCLUDED_LABELS) or 1
         metrics = {
-            "reward/mean": sum(rewards) / len(rewards),
+            "reward/mean": drawn_reward,
+            "reward/update_mean": sum(rewards) / len(rewards),  # differs from reward/mean after dynamic sampling
             "verdict/irrelevance_pass_rate": sum(d.irrelevance_valid for d in diagnoses) / len(diagnoses),  # not a reward
             "grpo/weight_mean": sum(weights) / len(weights),
             "grpo/weight_min": min(weights),

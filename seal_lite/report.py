@@ -86,7 +86,7 @@ def _plot_reward(store: Store, steps: list[int], path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 3))
     axes.bar(steps, [shares.get(step, 0.0) for step in steps], color="0.88", label="groups with a learning signal (share)")
     rewards = [reward.get(step, 0.0) for step in steps]
-    axes.plot(steps, rewards, marker="o", label="reward (task success)")
+    axes.plot(steps, rewards, marker="o", label="reward (task success on the step's drawn tasks)")
     window = max(1, min(5, len(steps) // 4))
     if window > 1:  # long runs: the trend is easier to see than the noisy per-step reward
         axes.plot(steps, moving_average(rewards, window), linewidth=2.5, label=f"reward, mean of the last {window} steps")
