@@ -186,8 +186,8 @@ class SealStep:
         groups = self._gather(self._roll_out(task_ids))  # every process's groups, in the step's task order
         mine = slice(distributed.rank() * len(task_ids) * G, (distributed.rank() + 1) * len(task_ids) * G)
         rolled_out = len(groups)
-        # the policy's pass rate on the tasks the step drew: dynamic sampling's replacements would bias it
-        drawn_reward = sum(d.valid for group in groups for _, d in group) / max(1, sum(map(len, groups)))
+        # the rewards of the groups the step drew: dynamic sampling's replacements would bias the reward curve
+        drawn = [[float(d.valid) for _, d in group] for group in groups]
         if self.recipe.grpo.dynamic_sampling:
             groups, rolled_out = self._fill_with_signal(groups, [group[0][0].task_id for group in groups])
         trajectories = [trajectory for group in groups for trajectory, _ in group]
@@ -219,7 +219,7 @@ class SealStep:
         metrics = {}
         if self.store is not None:
             metrics = self._record(trajectories, diagnoses, explained, report, labels, advantages, weights, final,
-                                   started, new_version, rolled_out, drawn_reward)
+                                   started, new_version, rolled_out, drawn)
         if new_version:
             self.interface, self.version = new_version
         self.progress.step_finished(self.step, metrics)
@@ -332,7 +332,7 @@ class SealStep:
         return labels
 
     def _record(self, trajectories, diagnoses, explained, report, labels, advantages, weights, final, started,
-                new_version, rolled_out, drawn_reward) -> dict:
+                new_version, rolled_out, drawn) -> dict:
         rewards = [1.0 if d.valid else 0.0 for d in diagnoses]
         G = self.recipe.rollout.num_generations
         groups = [rewards[start : start + G] for start in range(0, len(rewards), G)]
@@ -359,7 +359,7 @@ class SealStep:
         counts = Counter(label for trajectory_labels in labels for label in trajectory_labels)
         counted = sum(n for label, n in counts.items() if label not in EXCLUDED_LABELS) or 1
         metrics = {
-            "reward/mean": drawn_reward,
+            "reward/mean": sum(map(sum, drawn)) / sum(map(len, drawn)),
             "reward/update_mean": sum(rewards) / len(rewards),  # differs from reward/mean after dynamic sampling
             "verdict/irrelevance_pass_rate": sum(d.irrelevance_valid for d in diagnoses) / len(diagnoses),  # not a reward
             "grpo/weight_mean": sum(weights) / len(weights),
@@ -368,6 +368,7 @@ class SealStep:
             "grpo/advantage_abs_mean": sum(abs(a) for a in final) / len(final),
             "grpo/groups_with_signal": sum(len(set(group)) > 1 for group in groups) / len(groups),
             "sampling/groups_rolled_out": rolled_out,
+            "sampling/drawn_groups_with_signal": sum(len(set(group)) > 1 for group in drawn) / len(drawn),
             "interface/version": self.version,
             "interface/guidelines": len(self.interface.guidelines),
             "time/rollout_s": time.time() - started,

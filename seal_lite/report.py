@@ -97,7 +97,8 @@ def _plot_reward(store: Store, steps: list[int], path: Path) -> None:
 
 
 def signal_shares(store: Store) -> dict[int, float]:
-    """Per step, the share of task groups whose rewards are not all equal: the only groups GRPO learns from."""
+    """Per step, the share of task groups whose rewards are not all equal: the only groups GRPO learns from. The
+    groups the step drew, before dynamic sampling replaced any (stored groups for runs older than that metric)."""
     group_rewards = defaultdict(set)
     for row in store.db.query("select step, task_id, reward from trajectories"):
         group_rewards[row["step"], row["task_id"]].add(row["reward"])
@@ -105,7 +106,8 @@ def signal_shares(store: Store) -> dict[int, float]:
     for (step, _), rewards in group_rewards.items():
         groups[step] += 1
         with_signal[step] += len(rewards) > 1
-    return {step: with_signal[step] / groups[step] for step in groups}
+    return {step: with_signal[step] / groups[step] for step in groups} | dict(
+        store.metrics("sampling/drawn_groups_with_signal"))
 
 
 def moving_average(values: list[float], window: int) -> list[float]:

@@ -37,6 +37,7 @@ def test_groups_without_signal_are_replaced_by_groups_with_one(tmp_path, smol_to
     # the step's reward is the drawn groups' (base_0: 0 of 4, base_3: 2 of 4), not the update batch's
     assert dict(store.metrics("reward/mean"))[1] == store.steps()[0]["reward_mean"] == 0.25
     assert dict(store.metrics("reward/update_mean"))[1] == sum(batch.rewards) / 8 == 0.5
+    assert dict(store.metrics("sampling/drawn_groups_with_signal"))[1] == 0.5
 
 
 def test_the_budget_bounds_the_extra_groups(tmp_path, smol_tokenizer):

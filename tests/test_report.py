@@ -77,4 +77,7 @@ def test_signal_shares_and_the_moving_average(tmp_path):
     store.db["trajectories"].insert_all([{"id": f"{i}", "step": step, "task_id": task, "reward": reward}
                                          for i, (step, task, reward) in enumerate(rows)])
     assert signal_shares(store) == {1: 0.5, 2: 0.0}  # step 1: a's group is mixed, b's is not
+    # dynamic sampling stores only the groups it kept: the drawn groups' share, recorded by the loop, wins
+    store.db["metrics"].insert({"step": 2, "name": "sampling/drawn_groups_with_signal", "value": 0.25}, alter=True)
+    assert signal_shares(store) == {1: 0.5, 2: 0.25}
     assert moving_average([0.0, 1.0, 0.5, 0.5], 2) == [0.0, 0.5, 0.75, 0.5]
