@@ -90,7 +90,8 @@ def _plot_reward(store: Store, steps: list[int], path: Path) -> None:
     window = max(1, min(5, len(steps) // 4))
     if window > 1:  # long runs: the trend is easier to see than the noisy per-step reward
         axes.plot(steps, moving_average(rewards, window), linewidth=2.5, label=f"reward, mean of the last {window} steps")
-    axes.plot(steps, [passed[s] / total[s] if total[s] else 0.0 for s in steps], marker="s", label="turn pass rate (the update's trajectories)")
+    axes.plot(steps, [passed[s] / total[s] if total[s] else 0.0 for s in steps], marker="s",
+              label="turn pass rate (the update's trajectories)")
     axes.set(xlabel="step", ylim=(-0.05, 1.05))
     axes.legend(fontsize=7)
     _save(figure, path)
