@@ -17,8 +17,10 @@
 
 Everything finished is kept under --out, so the same command after a stop resumes where it stopped: a screened
 task, a committed step and a finished evaluation are never redone, and adding a seed runs only that seed.
+``--summary-only`` runs nothing and tabulates what has finished so far (while the experiment runs elsewhere).
 
     .venv/bin/python scripts/cpu_experiment.py --seeds 0,1,2 --out runs/cpu-experiment
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1,2 --out runs/cpu-experiment --summary-only
     .venv/bin/python scripts/cpu_experiment.py --seeds 0 --set grpo.steps=4 --set data.num_tasks=8 --eval-tasks 2
 """
 
@@ -98,12 +100,12 @@ def sets(overrides: list[str]) -> list[str]:
     return [word for override in overrides for word in ("--set", override)]
 
 
-def frontier_ids(recipe: str, out: Path, overrides: list[str]) -> list[str]:
+def frontier_ids(recipe: str, out: Path, overrides: list[str], stored_only: bool = False) -> list[str]:
     from seal_lite.screen import frontier
     from seal_lite.store import Store
 
-    # the recipe's candidates (data.num_tasks of data.split), not the frontier it may already name
-    seal_lite("screen", recipe, "--out", str(out / "screen"), *sets([*overrides, "data.task_ids=null"]))
+    if not stored_only:  # the recipe's candidates (data.num_tasks of data.split), not the frontier it may name
+        seal_lite("screen", recipe, "--out", str(out / "screen"), *sets([*overrides, "data.task_ids=null"]))
     rows = Store(out / "screen" / "seal.db").screen()
     return frontier({task_id: row["passes"] / row["samples"] for task_id, row in rows.items()})
 
@@ -145,6 +147,8 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe field for the screen and every run (repeatable)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu-experiment")
+    parser.add_argument("--summary-only", action="store_true",
+                        help="run nothing: tabulate the finished runs and evaluations (while the experiment runs)")
     args = parser.parse_args()
     from seal_lite.cli import _parse_overrides
     from seal_lite.runner import run_status
@@ -154,7 +158,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     common = [*COMMON, *args.overrides]
 
-    kept = frontier_ids(args.recipe, args.out, common)
+    kept = frontier_ids(args.recipe, args.out, common, args.summary_only)
     print(f"frontier: {len(kept)} tasks: {' '.join(kept)}", flush=True)
     train = [*common, *on_frontier(kept)]
     held_out = ",".join(held_out_ids(args.eval_tasks))
@@ -170,22 +174,27 @@ def main() -> None:
         for arm, overrides in ARMS.items():
             run_dir = args.out / f"{SLUG[arm]}-seed{seed}"
             if run_status(run_dir) != "finished":
+                if args.summary_only:
+                    continue
                 seal_lite("run", args.recipe, "--out", str(run_dir), *sets([*train, f"seed={seed}", *overrides]))
             runs.setdefault(arm, {})[seed] = training(run_dir)
     scores: dict[str, dict[str, list[dict]]] = {view: {} for view in views}  # view -> arm -> one per seed
     for view in views:
         path = args.out / f"base-{view}-eval{args.eval_tasks}.json"
-        if not path.exists():  # greedy decoding: the base model's score does not depend on the seed
+        if not path.exists() and not args.summary_only:  # greedy: the base model's score does not depend on the seed
             seal_lite("eval", recipe["policy"]["model"], "--split", held_out, "--view", view, *sets(base_sets),
                       "--json", str(path))
-        scores[view]["base"] = [evaluation(path)]
+        if path.exists():
+            scores[view]["base"] = [evaluation(path)]
         for seed in seeds:
             for arm in ARMS:
                 run_dir = args.out / f"{SLUG[arm]}-seed{seed}"
                 path = args.out / f"{SLUG[arm]}-seed{seed}-{view}-eval{args.eval_tasks}.json"
-                if not path.exists():
+                if not path.exists() and not args.summary_only:
                     seal_lite("eval", str(run_dir), "--split", held_out, "--view", view, "--json", str(path))
-                scores[view].setdefault(arm, []).append(evaluation(path))
+                if path.exists():
+                    scores[view].setdefault(arm, []).append(evaluation(path))
+    scores = {view: by_arm for view, by_arm in scores.items() if by_arm}
     summary = summarize(kept, runs, scores)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_tables(summary)
@@ -263,7 +272,8 @@ def draw(summary: dict, path: Path) -> None:
 
     colors = {"vanilla GRPO": "tab:blue", "SEAL": "tab:orange", "base": "0.5"}
     views = list(summary["held_out"])
-    figure, axes = plt.subplots(1, 1 + len(views), figsize=(5 + 3.5 * len(views), 3.6))
+    figure, axes = plt.subplots(1, 1 + len(views), figsize=(5 + 3.5 * len(views), 3.6), squeeze=False)
+    axes = axes[0]
     for arm, record in summary["training"].items():
         curves = [run["rewards"] for run in record["seeds"].values()]
         for curve in curves:

@@ -170,6 +170,10 @@ def test_the_cpu_experiments_intervals_and_summary(tmp_path):
     assert not experiment.distinguishable(summary["held_out"]["official"]["differences"]["vanilla GRPO - base"]["accuracy"])
     experiment.draw(summary, tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
+    training_only = experiment.summarize(tasks[:4], runs, {})  # --summary-only before any evaluation
+    assert training_only["held_out"] == {} and training_only["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.6)
+    experiment.draw(training_only, tmp_path / "training.png")
+    assert (tmp_path / "training.png").stat().st_size > 10_000
 
 
 def test_the_step_size_sweep_reads_a_runs_store(tmp_path, monkeypatch):
