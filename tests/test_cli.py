@@ -70,9 +70,8 @@ def test_progress_without_a_terminal_prints_each_task_group_and_each_step(capsys
         progress.task_done("multi_turn_base_7", [0.0] * 4)
         progress.task_done("multi_turn_base_9", [1.0, 0.0, 1.0, 1.0])  # replaces base_7's group
         progress.step_finished(1, {"reward/mean": 0.125, "reward/update_mean": 0.375, "grpo/weight_min": 1.0,
-                                   "grpo/weight_max": 1.5,
-                                   "interface/version": 1, "time/rollout_s": 30.0, "grpo/advantage_abs_mean": 0.5,
-                                   "labels/state_mismatch_rate": 1.0})
+                                   "grpo/weight_max": 1.5, "interface/version": 1, "time/rollout_s": 30.0,
+                                   "grpo/advantage_abs_mean": 0.5, "labels/state_mismatch_rate": 1.0})
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[:3] == ["step 1/2: task 1/2 multi_turn_base_3, rewards [0, 1, 0, 0]",
