@@ -178,23 +178,27 @@ def main() -> None:
                     continue
                 seal_lite("run", args.recipe, "--out", str(run_dir), *sets([*train, f"seed={seed}", *overrides]))
             runs.setdefault(arm, {})[seed] = training(run_dir)
-    scores: dict[str, dict[str, list[dict]]] = {view: {} for view in views}  # view -> arm -> one per seed
+
+    def evaluated(name: str, target: str, view: str, *eval_sets: str) -> dict | None:
+        """The evaluation stored in OUT/NAME, after `seal-lite eval TARGET` if it is missing (unless
+        --summary-only); None if there is none."""
+        path = args.out / name
+        if not path.exists() and not args.summary_only:
+            seal_lite("eval", target, "--split", held_out, "--view", view, *eval_sets, "--json", str(path))
+        return evaluation(path) if path.exists() else None
+
+    scores: dict[str, dict[str, list[dict]]] = {}  # view -> arm -> one per seed
     for view in views:
-        path = args.out / f"base-{view}-eval{args.eval_tasks}.json"
-        if not path.exists() and not args.summary_only:  # greedy: the base model's score does not depend on the seed
-            seal_lite("eval", recipe["policy"]["model"], "--split", held_out, "--view", view, *sets(base_sets),
-                      "--json", str(path))
-        if path.exists():
-            scores[view]["base"] = [evaluation(path)]
+        # greedy decoding: the base model's score does not depend on the seed
+        found = {"base": [evaluated(f"base-{view}-eval{args.eval_tasks}.json", recipe["policy"]["model"], view,
+                                    *sets(base_sets))]}
         for seed in seeds:
             for arm in ARMS:
-                run_dir = args.out / f"{SLUG[arm]}-seed{seed}"
-                path = args.out / f"{SLUG[arm]}-seed{seed}-{view}-eval{args.eval_tasks}.json"
-                if not path.exists() and not args.summary_only:
-                    seal_lite("eval", str(run_dir), "--split", held_out, "--view", view, "--json", str(path))
-                if path.exists():
-                    scores[view].setdefault(arm, []).append(evaluation(path))
-    scores = {view: by_arm for view, by_arm in scores.items() if by_arm}
+                found.setdefault(arm, []).append(evaluated(f"{SLUG[arm]}-seed{seed}-{view}-eval{args.eval_tasks}.json",
+                                                           str(args.out / f"{SLUG[arm]}-seed{seed}"), view))
+        found = {arm: [run for run in runs if run is not None] for arm, runs in found.items()}
+        if any(found.values()):
+            scores[view] = {arm: runs for arm, runs in found.items() if runs}
     summary = summarize(kept, runs, scores)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_tables(summary)

@@ -18,6 +18,7 @@ from pathlib import Path
 from seal_lite.diagnosis.labels import SUCCESS_LABELS
 from seal_lite.interface import describe_version, diff_versions
 from seal_lite.store import Store
+from seal_lite.training.advantages import share_with_signal
 
 FIGURES = ("reward", "labels", "rho", "weights")
 
@@ -100,15 +101,15 @@ def _plot_reward(store: Store, steps: list[int], path: Path) -> None:
 def signal_shares(store: Store) -> dict[int, float]:
     """Per step, the share of task groups whose rewards are not all equal: the only groups GRPO learns from. The
     groups the step drew, before dynamic sampling replaced any (stored groups for runs older than that metric)."""
-    group_rewards = defaultdict(set)
+    drawn = dict(store.metrics("sampling/drawn_groups_with_signal"))
+    group_rewards = defaultdict(list)
     for row in store.db.query("select step, task_id, reward from trajectories"):
-        group_rewards[row["step"], row["task_id"]].add(row["reward"])
-    with_signal, groups = defaultdict(int), defaultdict(int)
+        if row["step"] not in drawn:
+            group_rewards[row["step"], row["task_id"]].append(row["reward"])
+    stored = defaultdict(list)
     for (step, _), rewards in group_rewards.items():
-        groups[step] += 1
-        with_signal[step] += len(rewards) > 1
-    return {step: with_signal[step] / groups[step] for step in groups} | dict(
-        store.metrics("sampling/drawn_groups_with_signal"))
+        stored[step].append(rewards)
+    return {step: share_with_signal(groups) for step, groups in stored.items()} | drawn
 
 
 def moving_average(values: list[float], window: int) -> list[float]:

@@ -8,9 +8,15 @@ from seal_lite.training.advantages import (
     group_advantages,
     initial_utilities,
     label_shares,
+    share_with_signal,
     update_utilities,
     weighted_advantages,
 )
+
+
+def test_only_groups_with_unequal_rewards_count_as_a_signal():
+    assert share_with_signal([[0.0, 1.0, 1.0, 1.0], [1.0] * 4, [0.0] * 4, [1.0, 0.0]]) == 0.5
+    assert all(a == 0 for a in group_advantages([1.0] * 4))  # why an equal group carries none
 
 
 def test_group_advantages_against_reference():

@@ -26,6 +26,11 @@ def group_advantages(rewards: list[float]) -> list[float]:
     return [(r - mean) / (std + STD_EPS) for r in rewards]
 
 
+def share_with_signal(groups: list[list[float]]) -> float:
+    """The share of groups whose rewards are not all equal: the only groups whose advantages are not all 0."""
+    return sum(len(set(rewards)) > 1 for rewards in groups) / len(groups)
+
+
 def label_shares(labels: list[str]) -> dict[str, float]:
     """p_j(z): the share of a trajectory's turns labelled z, after dropping checker_error and gt_error."""
     counted = [label for label in labels if label not in EXCLUDED_LABELS]
