@@ -41,6 +41,11 @@ class RichProgress:
     def __exit__(self, *exc):
         return self.bars.__exit__(*exc)
 
+    def screen_started(self, step: int, num_tasks: int) -> None:
+        """A re-screen (data.rescreen_every) before ``step``: a bar of its own."""
+        self.screen_bar = self.bars.add_task(f"step {step}/{self.total_steps} re-screen", total=num_tasks, status="")
+        self.screened = self.kept = 0
+
     def task_screened(self, task_id: str, passes: int, samples: int) -> None:
         if self.screen_bar is None:
             self.screen_bar = self.bars.add_task("screen (frontier tasks)", total=None, status="")
@@ -77,12 +82,17 @@ class RichProgress:
         failures = {k[7:-5]: v for k, v in metrics.items()
                     if k.startswith("labels/") and k.endswith("_rate") and k[7:-5] not in SUCCESS_LABELS}
         top = max(failures, key=failures.get) if failures else "none"
+        rollouts = metrics["time/rollout_s"] - metrics.get("diagnoser/seconds", 0) - metrics.get("time/rescreen_s", 0)
         reward = f"reward {metrics['reward/mean']:.2f}"
         if metrics.get("reward/update_mean", metrics["reward/mean"]) != metrics["reward/mean"]:  # groups replaced
             reward += f" (update batch {metrics['reward/update_mean']:.2f})"
         status = (f"{reward}  weights {metrics['grpo/weight_min']:.2f}-"
                   f"{metrics['grpo/weight_max']:.2f}  top failure {top}  interface v{metrics['interface/version']:.0f}"
-                  f"  rollouts {metrics['time/rollout_s'] - metrics.get('diagnoser/seconds', 0):.0f} s")
+                  f"  rollouts {rollouts:.0f} s")
+        if "screen/rescreened_tasks" in metrics:
+            status += (f"  re-screen {metrics['time/rescreen_s']:.0f} s ({metrics['screen/rescreen_kept']:.0f} of "
+                       f"{metrics['screen/rescreened_tasks']:.0f} on the frontier; drawing from "
+                       f"{metrics['screen/frontier_tasks']:.0f})")
         if "diagnoser/seconds" in metrics:
             status += f"  diagnoser {metrics['diagnoser/seconds']:.0f} s ({metrics['diagnoser/asked']:.0f} asked)"
         self.bars.update(self.bar, description=f"step {step}/{self.total_steps} done    ", status=status)

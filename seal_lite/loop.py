@@ -15,6 +15,9 @@ Deviations from the paper, each on purpose:
   phi_cap changes with the failure statistics, and every change is a new interface version in the store.
 * ``grpo.dynamic_sampling`` (off by default) replaces groups without a learning signal by other tasks' groups;
   the step's reward stays the mean over the groups it drew (the policy's pass rate, unbiased by the choice).
+* ``data.rescreen_every`` (off by default) screens the slice again every so many steps with the current policy
+  (seal_lite/screen.py) and draws the following steps' tasks from the new frontier: TRL's draws outside it are
+  swapped for frontier tasks.
 * ``rollout.max_turns`` may cut tasks to their first turns (with their ground truth) to fit a CPU budget;
   the reward is then the official verdict on that shorter task.
 
@@ -43,6 +46,7 @@ from seal_lite.diagnosis.verifier import EpisodeDiagnosis, diagnose_episode
 from seal_lite.envs.bfcl import Task
 from seal_lite.interface import SCHEMA_CUE_LINE, TrainingInterface, capability_guidelines
 from seal_lite.recipe import Recipe
+from seal_lite.screen import frontier, screen_tasks
 from seal_lite.store import Store
 from seal_lite.training.advantages import (
     diagnosis_weight,
@@ -88,6 +92,7 @@ class RolloutBatch:
 
 
 class Progress(Protocol):
+    def screen_started(self, step: int, num_tasks: int) -> None: ...
     def task_screened(self, task_id: str, passes: int, samples: int) -> None: ...
     def run_started(self, resumed_after: int, setup: str) -> None: ...
     def step_started(self, step: int, num_tasks: int) -> None: ...
@@ -96,6 +101,7 @@ class Progress(Protocol):
 
 
 class NoProgress:
+    def screen_started(self, step, num_tasks): pass
     def task_screened(self, task_id, passes, samples): pass
     def run_started(self, resumed_after, setup): pass
     def step_started(self, step, num_tasks): pass
@@ -136,17 +142,21 @@ class FailureStatistics:
 
 class SealStep:
     """One SEAL iteration; TRL calls it with the step's prompts (task ids, G copies each). ``store`` is None in the
-    processes other than rank 0 of a run across several: they record nothing."""
+    processes other than rank 0 of a run across several: they record nothing. ``tasks`` are all the tasks a step
+    may play; ``frontier`` (default: all of them) the ones it draws from, which a re-screen changes."""
 
     def __init__(self, recipe: Recipe, store: Store | None, tasks: dict[str, Task], generator: Generator,
-                 progress: Progress = NoProgress(), diagnoser: Diagnoser | None = None):
+                 progress: Progress = NoProgress(), diagnoser: Diagnoser | None = None,
+                 frontier: list[str] | None = None):
         self.recipe, self.store, self.tasks, self.generator, self.progress = recipe, store, tasks, generator, progress
         self.diagnoser = diagnoser
+        self.frontier = sorted(frontier if frontier is not None else tasks)
+        self.rescreened: tuple[int, int] | None = None  # this step's re-screen: (tasks kept, tasks screened)
         self.bases = initial_utilities(recipe.grpo.utilities)  # b_z: the recipe's, where it sets them
         self.utilities = dict(self.bases)
         self.statistics = FailureStatistics()
         self.step = 0
-        self.steps_per_epoch = max(1, len(tasks) // recipe.grpo.tasks_per_step)
+        self.steps_per_epoch = max(1, len(self.frontier) // recipe.grpo.tasks_per_step)
         config = recipe.interface
         self.interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
         self.version = 1
@@ -160,13 +170,14 @@ class SealStep:
         """Everything besides the policy that the next step depends on: saved with each checkpoint."""
         return {"step": self.step, "utilities": self.utilities, "statistics": self.statistics.to_dict(),
                 "version": self.version, "guidelines": list(self.interface.guidelines),
-                "diagnoser_hints": self.diagnoser_hints}
+                "diagnoser_hints": self.diagnoser_hints, "frontier": self.frontier}
 
     def restore(self, state: dict) -> None:
         self.step, self.utilities, self.version = state["step"], dict(state["utilities"]), state["version"]
         self.statistics = FailureStatistics.from_dict(state["statistics"])
         self.interface = dataclasses.replace(self.interface, guidelines=tuple(state["guidelines"]))
         self.diagnoser_hints = dict(state["diagnoser_hints"])
+        self.frontier = list(state.get("frontier", self.frontier))  # checkpoints from before re-screening lack it
 
     def __call__(self, prompts: list[str]) -> RolloutBatch:
         started = time.time()
@@ -183,6 +194,12 @@ class SealStep:
         profile.take()  # the step's phases start now
         with profile.phase("sync"):
             self.sync_policy(self.step)
+        every = self.recipe.data.rescreen_every
+        self.rescreened = None
+        if every and self.step > 1 and (self.step - 1) % every == 0:
+            with profile.phase("rescreen"):
+                self._rescreen()
+        task_ids = self._in_frontier(task_ids)
 
         groups = self._gather(self._roll_out(task_ids))  # every process's groups, in the step's task order
         mine = slice(distributed.rank() * len(task_ids) * G, (distributed.rank() + 1) * len(task_ids) * G)
@@ -228,6 +245,30 @@ class SealStep:
             return RolloutBatch.from_trajectories(trajectories, rewards, final)
         return RolloutBatch.from_trajectories(trajectories[mine], rewards[mine], final[mine], any(final))
 
+    def _rescreen(self) -> None:
+        """Screen every task again with the current policy (rank 0's, for all processes) and draw from the new
+        frontier; a frontier too small to fill a step leaves the old one in place."""
+        def screen() -> dict[str, float]:
+            self.progress.screen_started(self.step, len(self.tasks))
+            return screen_tasks(list(self.tasks.values()), self.generator, self.recipe, self.store,
+                                self.progress.task_screened, self.step,
+                                lambda task: interface_for_task(self.interface, task))
+        kept = frontier(distributed.on_main(screen))
+        self.rescreened = (len(kept), len(self.tasks))
+        if len(kept) >= self.recipe.grpo.tasks_per_step:
+            self.frontier = sorted(kept)
+
+    def _in_frontier(self, task_ids: list[str]) -> list[str]:
+        """TRL's draw with each task outside the frontier swapped for a frontier task not drawn (in an order fixed
+        by seed, step and process). TRL's sampler draws from the run's first frontier; a re-screen moves it."""
+        outside = [task_id for task_id in task_ids if task_id not in self.frontier]
+        if not outside:
+            return task_ids
+        free = [task_id for task_id in self.frontier if task_id not in task_ids]
+        random.Random(f"{self.recipe.seed}-{self.step}-{distributed.rank()}").shuffle(free)
+        swaps = dict(zip(outside, free, strict=False))
+        return [swaps.get(task_id, task_id) for task_id in task_ids]
+
     def _gather(self, groups: list) -> list:
         """Every process's groups, in rank order (this process's own in one process); rank 0 shows the others'."""
         if distributed.world_size() == 1:
@@ -265,7 +306,7 @@ class SealStep:
         def has_signal(group) -> bool:
             return len({d.valid for _, d in group}) > 1
 
-        spare = [task_id for task_id in sorted(self.tasks) if task_id not in task_ids]
+        spare = [task_id for task_id in self.frontier if task_id not in task_ids]
         random.Random(f"{self.recipe.seed}-{self.step}").shuffle(spare)
         budget, rolled_out = self.recipe.grpo.dynamic_sampling, len(groups)
         while budget and spare and (empty := [i for i, group in enumerate(groups) if not has_signal(group)]):
@@ -376,6 +417,10 @@ class SealStep:
             "tokens/model": sum(row["num_model_tokens"] for row in rows),
             "tokens/total": sum(row["num_tokens"] for row in rows),
         }
+        if self.recipe.data.rescreen_every:
+            metrics["screen/frontier_tasks"] = len(self.frontier)
+        if self.rescreened:
+            metrics["screen/rescreen_kept"], metrics["screen/rescreened_tasks"] = self.rescreened
         metrics |= {f"labels/{label}": n for label, n in counts.items()}
         metrics |= {f"labels/{label}_rate": n / counted for label, n in counts.items() if label not in EXCLUDED_LABELS}
         metrics |= {f"rho/{label}": value for label, value in self.utilities.items()}

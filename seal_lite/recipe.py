@@ -91,12 +91,22 @@ class DataConfig(_Section):
         "(pass rate strictly between 0 and 1). Stored in the run's screen table, so a resumed run does not repeat it. "
         "None: train on the whole slice.",
     )
+    rescreen_every: int | None = Field(
+        None, ge=1, description="Re-screen (not in the paper; needs data.screen): every this many steps, play "
+        "data.screen samples of every task of the slice with the current policy, under the current training "
+        "interface, and draw the next steps' tasks from the new frontier: tasks the policy has mastered leave it, "
+        "tasks it has started to solve join it. Costs a screen of the slice each time. Stored in the run's rescreens "
+        "table. None: the frontier of the first screen is kept for the whole run.",
+    )
 
     @model_validator(mode="after")
     def _here(self, info: ValidationInfo) -> DataConfig:
         if self.task_ids == []:
             _refuse([("data.task_ids", [], "an empty list selects no task; name BFCL ids such as multi_turn_base_0, "
                       "or remove the field to draw from data.split")])
+        if self.rescreen_every and not self.screen:
+            _refuse([("data.rescreen_every", self.rescreen_every, "a re-screen plays data.screen samples of each task; "
+                      "set data.screen too (e.g. 4), or remove data.rescreen_every")])
         if _checking(info):
             _refuse(preflight.data_problems(self))
         return self

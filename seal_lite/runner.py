@@ -127,8 +127,11 @@ def screen_slice(recipe: Recipe, store: Store, tasks: dict[str, Task], policy, o
                  progress: Progress = NoProgress()) -> dict[str, float]:
     """Pass rate per task of the run's slice under the base policy (``data.screen`` samples each); tasks already
     in the store's screen table are not played again."""
+    from transformers import set_seed
+
     from seal_lite.screen import screen_tasks
 
+    set_seed(recipe.seed)  # transformers samples with torch's RNG: the same recipe screens the same way
     with rollout_engine(recipe, policy.model, policy.tokenizer, out_dir, policy.generation_mode) as (generator, _):
         return screen_tasks(list(tasks.values()), generator, recipe, store, progress.task_screened)
 
@@ -376,14 +379,15 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
         if recipe.data.screen:  # train only on the tasks the base policy solves sometimes but not always
             task_ids = distributed.on_main(
                 lambda: frontier_task_ids(recipe, screen_slice(recipe, store, tasks, policy, out_dir, progress)))
-            tasks = {task_id: tasks[task_id] for task_id in task_ids}
+            if not recipe.data.rescreen_every:  # a re-screen plays the whole slice again
+                tasks = {task_id: tasks[task_id] for task_id in task_ids}
         # imported after the policy is loaded: the Unsloth backend must patch trl before anything imports it
         from seal_lite.training.grpo import CheckpointCallback, StoreCallback, build_trainer, updates_per_step
 
         updates = updates_per_step(recipe)
         checkpoint = distributed.on_main(lambda: _resume_point(store, out_dir, updates) if resuming else None)
         with _diagnoser(recipe, store) as diagnoser:  # a served diagnoser stops here, also on error and Ctrl-C
-            seal_step = SealStep(recipe, store, tasks, None, progress, diagnoser)
+            seal_step = SealStep(recipe, store, tasks, None, progress, diagnoser, task_ids)
             if checkpoint:
                 seal_step.restore(checkpoint["seal_state"])
             progress.run_started(seal_step.step, f"policy {policy.backend}, rollouts {rollout_backend(recipe)}"

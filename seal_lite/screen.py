@@ -5,6 +5,10 @@ trajectory of its group the same reward and an advantage of 0, so it costs rollo
 screen plays k samples of each task of the slice, as training would (same interface, budgets and temperature),
 and keeps the tasks whose pass rate is strictly between 0 and 1. Each task's result is stored as soon as it is
 known, so an interrupted screen goes on where it stopped. Not part of the paper: a lever for small budgets.
+
+As the policy learns, its frontier moves: ``data.rescreen_every`` screens the slice again during training, with
+the current policy under the current training interface (seal_lite/loop.py), and the steps that follow draw from
+the new frontier.
 """
 
 from __future__ import annotations
@@ -21,23 +25,26 @@ from seal_lite.store import Store
 
 
 def screen_tasks(tasks: list[Task], generator: Generator, recipe: Recipe, store: Store,
-                 on_task: Callable[[str, int, int], None] = lambda task_id, passes, samples: None) -> dict[str, float]:
-    """Pass rate per task over ``recipe.data.screen`` samples; tasks already in the store's screen table are not
-    played again."""
+                 on_task: Callable[[str, int, int], None] = lambda task_id, passes, samples: None, step: int = 0,
+                 interface_for: Callable[[Task], TrainingInterface] | None = None) -> dict[str, float]:
+    """Pass rate per task over ``recipe.data.screen`` samples; tasks already screened (in the store, for this
+    ``step``: 0 before training, else the re-screen before that step) are not played again. ``interface_for``
+    gives each task's interface; by default the recipe's training interface as the first step sees it."""
     samples = recipe.data.screen
     config = recipe.interface
-    interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
-    done = store.screen()
+    first = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
+    interface_for = interface_for or (lambda task: first)
+    done = store.screen(step)
     for task in tasks:
         if task.id in done and done[task.id]["samples"] == samples:
             continue
         started = time.perf_counter()
-        group = rollout_group(task, samples, generator, recipe.rollout, interface)
+        group = rollout_group(task, samples, generator, recipe.rollout, interface_for(task))
         passes = sum(diagnose_episode(task, trajectory.turns).valid for trajectory in group)
         store.save_screen({"task_id": task.id, "samples": samples, "passes": passes,
-                           "seconds": time.perf_counter() - started})
+                           "seconds": time.perf_counter() - started}, step)
         on_task(task.id, passes, samples)
-    rows = store.screen()
+    rows = store.screen(step)
     return {task.id: rows[task.id]["passes"] / rows[task.id]["samples"] for task in tasks}
 
 

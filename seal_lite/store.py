@@ -12,6 +12,7 @@ Tables (documented in docs/store.md):
     checkpoints         one row per committed step: its checkpoint directory and the SEAL loop's state
     evaluations         ``seal-lite eval`` results: one row per (model evaluated, task), BFCL's and τ²-bench's
     screen              the frontier screen (``data.screen``): each task's passes out of its samples
+    rescreens           the re-screens during training (``data.rescreen_every``), by the step they came before
 
 A step's rollouts, turns and metrics are written in one transaction (``Database.atomic``: sqlite-utils'
 own writes nest inside it as savepoints), so a crash leaves a whole step or nothing. Primary keys are explicit
@@ -71,6 +72,8 @@ _TABLES = {
         ("model", "task_id"),
     ),
     "screen": ({"task_id": str, "samples": int, "passes": int, "seconds": float, "created_at": float}, "task_id"),
+    "rescreens": ({"step": int, "task_id": str, "samples": int, "passes": int, "seconds": float, "created_at": float},
+                  ("step", "task_id")),
 }
 
 
@@ -156,7 +159,7 @@ class Store:
         with self.db.atomic():
             self.db.execute("delete from turns where trajectory_id in (select id from trajectories where step > ?)",
                             [step])
-            for table in ("trajectories", "steps", "metrics", "interface_versions", "checkpoints"):
+            for table in ("trajectories", "steps", "metrics", "interface_versions", "checkpoints", "rescreens"):
                 self.db.execute(f"delete from {table} where step > ?", [step])
         return removed
 
@@ -168,12 +171,20 @@ class Store:
         rows = self.db["evaluations"].rows_where(order_by="model, task_id")
         return [_decode(row, "labels") for row in rows]
 
-    def save_screen(self, row: dict) -> None:
+    def save_screen(self, row: dict, step: int = 0) -> None:
+        """A task's screen result: before training (``step`` 0), or in the re-screen before ``step``."""
         with self.db.atomic():
-            self.db["screen"].upsert({**row, "created_at": time.time()}, pk="task_id")
+            if step:
+                self.db["rescreens"].upsert({**row, "step": step, "created_at": time.time()}, pk=("step", "task_id"))
+            else:
+                self.db["screen"].upsert({**row, "created_at": time.time()}, pk="task_id")
 
-    def screen(self) -> dict[str, dict]:
-        """task id -> its screen row (samples, passes), for the tasks screened so far."""
+    def screen(self, step: int = 0) -> dict[str, dict]:
+        """task id -> its screen row (samples, passes), for the tasks screened so far: before training (``step``
+        0), or in the re-screen before ``step``."""
+        if step:
+            return {row["task_id"]: row for row in self.db["rescreens"].rows_where("step = ?", [step],
+                                                                                   order_by="task_id")}
         return {row["task_id"]: row for row in self.db["screen"].rows_where(order_by="task_id")}
 
     def resume_run(self, name: str) -> None:

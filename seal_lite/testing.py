@@ -22,13 +22,18 @@ def script_generation(answer: Callable, sample: bool = True) -> None:
     (token ids), where ``task`` is the task whose first user message is in the context, ``index`` counts that task's
     messages in the batch, and ``sampled`` is what the model generated (None with ``sample=False``: the model is not
     run, so a batch's answers do not depend on what else is in the batch)."""
-    from seal_lite import generation, loop
+    from seal_lite import generation, loop, screen
 
     rollout_groups, generate, playing = loop.rollout_groups, generation.TransformersGenerator.generate, {}
+    rollout_group = screen.rollout_group
 
     def recording_rollout_groups(pairs, *args, **kwargs):
         playing["tasks"] = [task for task, _ in pairs]
         return rollout_groups(pairs, *args, **kwargs)
+
+    def recording_rollout_group(task, *args, **kwargs):  # the frontier screen's
+        playing["tasks"] = [task]
+        return rollout_group(task, *args, **kwargs)
 
     def scripted(self, batch, max_new_tokens, temperature):
         sampled = generate(self, batch, max_new_tokens, temperature) if sample else [None] * len(batch)
@@ -40,6 +45,7 @@ def script_generation(answer: Callable, sample: bool = True) -> None:
         return answers
 
     loop.rollout_groups, generation.TransformersGenerator.generate = recording_rollout_groups, scripted
+    screen.rollout_group = recording_rollout_group
 
 
 def sometimes_right(tokenizer, task, index, sampled) -> list[int]:

@@ -82,12 +82,13 @@ class ScriptedGenerator:
 
 class HalfRightOnSome:
     """Plays one task's group per call (as llama.cpp does): for the tasks in ``learnable`` the first half of the
-    group answers with the ground truth and the rest with nothing; every other task fails in all episodes."""
+    group answers with the ground truth and the rest with nothing; the tasks in ``mastered`` are solved in every
+    episode; every other task fails in all episodes."""
 
     batches_tasks = False
 
-    def __init__(self, tokenizer, tasks, learnable):
-        self.tokenizer, self.tasks, self.learnable = tokenizer, tasks, set(learnable)
+    def __init__(self, tokenizer, tasks, learnable, mastered=()):
+        self.tokenizer, self.tasks, self.learnable, self.mastered = tokenizer, tasks, set(learnable), set(mastered)
         self.played: list[str] = []
 
     def generate(self, batch, max_new_tokens, temperature):
@@ -98,7 +99,7 @@ class HalfRightOnSome:
         out = []
         for position, ids in enumerate(batch):
             first = self.tokenizer.decode(ids).count("<|im_start|>assistant\n") == 1
-            right = task.id in self.learnable and position < len(batch) // 2 and first
+            right = first and (task.id in self.mastered or task.id in self.learnable and position < len(batch) // 2)
             reply = tool_call_text(task.ground_truth[0]) if right else "I cannot do that."
             out.append(self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id])
         return out

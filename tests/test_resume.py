@@ -76,24 +76,27 @@ def _rows(db, sql):
 
 
 def test_killed_run_resumes_with_each_step_once(tmp_path, recipe_file):
+    """With a frontier screen and a re-screen before every step, so their state is resumed too."""
     killed, reference = tmp_path / "killed", tmp_path / "reference"
+    screens = ("--set", "data.screen=4", "--set", "data.rescreen_every=1")
 
-    first = _seal_lite(recipe_file, "--out", killed, kill=("after_rollouts", 2))
+    first = _seal_lite(recipe_file, *screens, "--out", killed, kill=("after_rollouts", 2))
     assert first.returncode == -signal.SIGKILL, first.stderr
     db = killed / "seal.db"
     # step 2's rollouts are stored, but only step 1 is done
     assert _rows(db, "select step from steps order by step") == [(1,), (2,)]
     assert _rows(db, "select step from checkpoints") == [(1,)]
 
-    second = _seal_lite(recipe_file, "--out", killed, kill=("before_commit", 3))
+    assert _rows(db, "select distinct step from rescreens") == [(2,)]
+    second = _seal_lite(recipe_file, *screens, "--out", killed, kill=("before_commit", 3))
     assert second.returncode == -signal.SIGKILL, second.stderr
     assert "resuming" in second.stdout.lower()
     assert (killed / "checkpoints" / "checkpoint-3").is_dir()  # written, never committed
     assert _rows(db, "select step from checkpoints order by step") == [(1,), (2,)]
 
-    third = _seal_lite(recipe_file, "--out", killed)
+    third = _seal_lite(recipe_file, *screens, "--out", killed)
     assert third.returncode == 0, third.stderr
-    assert _seal_lite(recipe_file, "--out", reference).returncode == 0
+    assert _seal_lite(recipe_file, *screens, "--out", reference).returncode == 0
 
     # each step exactly once, every row belongs to a stored step, the run finished
     assert _rows(db, "select step from steps order by step") == [(1,), (2,), (3,)]
@@ -111,6 +114,11 @@ def test_killed_run_resumes_with_each_step_once(tmp_path, recipe_file):
     assert _rows(db, "select count(distinct reward) from trajectories where advantage != 0") == [(2,)]
     rho = "select step, name, value from metrics where name like 'rho/%' order by step, name"
     assert _rows(db, rho) == _rows(reference / "seal.db", rho)
+    rescreens = "select step, task_id, samples, passes from rescreens order by step, task_id"
+    assert _rows(db, rescreens) == _rows(reference / "seal.db", rescreens)
+    assert [step for step, *_ in _rows(db, rescreens)] == [2, 2, 2, 3, 3, 3]  # the slice, before steps 2 and 3
+    frontier = "select step, value from metrics where name = 'screen/frontier_tasks' order by step"
+    assert _rows(db, frontier) == _rows(reference / "seal.db", frontier)
     resumed = load_file(killed / "adapter" / "adapter_model.safetensors")
     uninterrupted = load_file(reference / "adapter" / "adapter_model.safetensors")
     assert resumed.keys() == uninterrupted.keys()
