@@ -2,7 +2,9 @@
 
 1. Screen once: ``seal-lite screen RECIPE --out OUT/screen`` plays k samples of every candidate training task with
    the base model and keeps the frontier, the tasks solved in some but not all samples. Every run trains on exactly
-   those tasks (``data.task_ids``), so the arms differ only in method.
+   those tasks (``data.task_ids``), so the arms differ only in method. The screen kept tasks for their pass rates,
+   so the base model's own rate on them is measured again, afresh (8 samples a task, another seed, the vanilla
+   arm's plain view): the base arm on the training tasks (OUT/base-resample-seed100).
 2. Train, per seed: vanilla GRPO (the recipe with SEAL's parts off, as recipes/ablation-vanilla-grpo.yaml turns them
    off) and SEAL (the recipe), at the same rollout budget: the recipe's steps x tasks per step x G, and the same
    dynamic-sampling allowance. Both use the rule labels (diagnoser off), as the paper does.
@@ -11,7 +13,8 @@
    ``--views official,signatures``, under the one-line signatures the recipe trains with (not a BFCL score, and
    marked so).
 4. Summarize: the training reward in the first and the last quarter of each run's steps (per arm: the mean over
-   seeds, with a 95% bootstrap interval over seeds); held-out strict accuracy and turn pass rate per arm (each task
+   seeds, with a 95% bootstrap interval over seeds), beside the base model's resampled pass rate on the same tasks
+   (95% bootstrap interval over tasks); held-out strict accuracy and turn pass rate per arm (each task
    averaged over seeds, 95% bootstrap interval over tasks) and the paired differences between arms; a figure
    (OUT/cpu-experiment.png) and OUT/summary.json, the summary to commit instead of the stores.
 
@@ -45,6 +48,7 @@ ARMS = {  # arm -> its overrides of the recipe
     "SEAL": [],
 }
 SLUG = {"vanilla GRPO": "vanilla", "SEAL": "seal"}
+RESAMPLE = {"samples": 8, "seed": 100}  # the base model's fresh pass rate on the frontier tasks
 # the rollout fields a base model's evaluation takes from the recipe (a run's evaluation reads its own recipe)
 EVAL_ROLLOUT = ("max_new_tokens", "max_model_calls", "max_calls_per_turn", "max_response_tokens", "max_turns",
                 "max_context_tokens")
@@ -115,6 +119,21 @@ def on_frontier(kept: list[str]) -> list[str]:
     return [f"data.task_ids=[{','.join(kept)}]", "data.screen=null"]
 
 
+def resampled_base(recipe: str, out: Path, train: list[str], stored_only: bool = False) -> dict | None:
+    """The base model's pass rate on the training tasks, played afresh (``RESAMPLE``) under the vanilla arm's plain
+    view: {"by_task": {task id: pass rate}, "samples", "seed"}; None before it has run."""
+    from seal_lite.store import Store
+
+    path = out / f"base-resample-seed{RESAMPLE['seed']}"
+    if not stored_only:
+        seal_lite("screen", recipe, "--out", str(path), "--samples", str(RESAMPLE["samples"]),
+                  *sets([*train, f"seed={RESAMPLE['seed']}", *ARMS["vanilla GRPO"]]))
+    if not (path / "seal.db").exists():
+        return None
+    rows = Store(path / "seal.db").screen()
+    return {"by_task": {task_id: row["passes"] / row["samples"] for task_id, row in rows.items()}, **RESAMPLE}
+
+
 def held_out_ids(count: int) -> list[str]:
     ids = (ROOT / "data" / "eval_ids.txt").read_text().split()
     return [task_id for task_id in ids if task_id.startswith("multi_turn_base_")][:count]
@@ -161,6 +180,7 @@ def main() -> None:
     kept = frontier_ids(args.recipe, args.out, common, args.summary_only)
     print(f"frontier: {len(kept)} tasks: {' '.join(kept)}", flush=True)
     train = [*common, *on_frontier(kept)]
+    base = resampled_base(args.recipe, args.out, train, args.summary_only)
     held_out = ",".join(held_out_ids(args.eval_tasks))
 
     recipe = yaml.safe_load((ROOT / args.recipe).read_text())
@@ -199,15 +219,20 @@ def main() -> None:
         found = {arm: [run for run in runs if run is not None] for arm, runs in found.items()}
         if any(found.values()):
             scores[view] = {arm: runs for arm, runs in found.items() if runs}
-    summary = summarize(kept, runs, scores)
+    summary = summarize(kept, runs, scores, base)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_tables(summary)
     draw(summary, args.out / "cpu-experiment.png")
 
 
-def summarize(frontier: list[str], runs: dict, scores: dict) -> dict:
-    """Everything the tables and the figure show, from the runs' training records and the evaluations."""
+def summarize(frontier: list[str], runs: dict, scores: dict, base: dict | None = None) -> dict:
+    """Everything the tables and the figure show, from the runs' training records, the evaluations and the base
+    model's resampled pass rates on the training tasks."""
     summary = {"frontier": frontier, "training": {}, "held_out": {}}
+    if base:
+        low, high = bootstrap_interval(list(base["by_task"].values()))
+        summary["base_on_training_tasks"] = {**base, "mean": statistics.fmean(base["by_task"].values()), "low": low,
+                                             "high": high}
     for arm, by_seed in runs.items():
         gains = []
         for run in by_seed.values():
@@ -249,10 +274,18 @@ def print_tables(summary: dict) -> None:
             rewards = " ".join(f"{reward:.2f}" for reward in run["rewards"])
             print(f"| {arm} | {seed} | {rewards} | {run['first_quarter']:.2f} | {run['last_quarter']:.2f} | "
                   f"{run['updated']} of {len(run['rewards'])} |")
-    print("\n| arm | reward gain, last - first quarter (mean over seeds [95% bootstrap over seeds]) |")
-    print("|---|---|")
+    if "base_on_training_tasks" in summary:
+        base = summary["base_on_training_tasks"]
+        print(f"\nbase model on these tasks, {base['samples']} fresh samples a task (seed {base['seed']}): pass rate "
+              f"{_interval(base, scale=1, digits=2)} (95% bootstrap interval over tasks)")
+    print("\n| arm | seeds | first quarter | last quarter | gain, last - first (mean [95% bootstrap over seeds]) |")
+    print("|---|---|---|---|---|")
     for arm, record in summary["training"].items():
-        print(f"| {arm} | {_interval(record['gain'], scale=1, digits=2)} |")
+        seeds = record["seeds"].values()
+        first = statistics.fmean(run["first_quarter"] for run in seeds)
+        last = statistics.fmean(run["last_quarter"] for run in seeds)
+        gain = _interval(record["gain"], scale=1, digits=2) if len(seeds) > 1 else f"{record['gain']['mean']:.2f}"
+        print(f"| {arm} | {len(seeds)} | {first:.2f} | {last:.2f} | {gain} |")
     for view, table in summary["held_out"].items():
         print(f"\nheld out, {view} view: % [95% bootstrap interval over tasks]")
         print("\n| arm | seeds | strict accuracy % | turn pass rate % |")
@@ -284,8 +317,12 @@ def draw(summary: dict, path: Path) -> None:
             axes[0].plot(range(1, len(curve) + 1), curve, color=colors[arm], alpha=0.3, linewidth=1)
         length = min(len(curve) for curve in curves)
         mean = [statistics.fmean(curve[i] for curve in curves) for i in range(length)]
-        axes[0].plot(range(1, length + 1), mean, color=colors[arm], linewidth=2.5, label=f"{arm} ({len(curves)} seeds)")
+        axes[0].plot(range(1, length + 1), mean, color=colors[arm], linewidth=2.5, label=f"{arm} ({len(curves)} seed{'s' * (len(curves) > 1)})")
+    if "base_on_training_tasks" in summary:
+        axes[0].axhline(summary["base_on_training_tasks"]["mean"], color=colors["base"], linestyle="--",
+                        label="base model (fresh samples)")
     axes[0].set(xlabel="step", ylabel="training reward (frontier tasks)", ylim=(-0.02, 1.02))
+    axes[0].xaxis.get_major_locator().set_params(integer=True)
     axes[0].legend(fontsize=8)
     for axis, view in zip(axes[1:], views):
         arms = summary["held_out"][view]["arms"]

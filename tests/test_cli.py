@@ -160,7 +160,11 @@ def test_the_cpu_experiments_intervals_and_summary(tmp_path):
     runs = {arm: {seed: {"rewards": [0.1 * seed, 0.2, 0.3, gain + 0.1 * seed], "updated": 3, "signal_share": 0.5}
                   for seed in range(3)} for arm, gain in (("vanilla GRPO", 0.3), ("SEAL", 0.6))}
     scores = {"official": {"base": [base], "vanilla GRPO": [base, base, base], "SEAL": [better, better, base]}}
-    summary = experiment.summarize(tasks[:4], runs, scores)
+    base = {"by_task": {"multi_turn_base_0": 1.0, "multi_turn_base_1": 0.25, "multi_turn_base_2": 0.0,
+                        "multi_turn_base_3": 0.25}, "samples": 8, "seed": 100}
+    summary = experiment.summarize(tasks[:4], runs, scores, base)
+    on_training = summary["base_on_training_tasks"]
+    assert on_training["mean"] == 0.375 and on_training["low"] < 0.375 < on_training["high"] <= 1.0
     assert summary["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.6)
     arms = summary["held_out"]["official"]["arms"]
     assert arms["SEAL"]["accuracy"]["mean"] == pytest.approx(10 / 30 * 2 / 3) and arms["base"]["accuracy"]["mean"] == 0
