@@ -147,12 +147,15 @@ def evaluation(path: Path) -> dict[str, dict[str, float]]:
 
 
 def training(run_dir: Path) -> dict:
-    """The run's mean reward per step, and how many steps updated the policy (the others had no signal)."""
+    """The run's mean reward per step, how many steps updated the policy (the others had no signal), and the
+    minutes its steps took (rollouts and updates; a pause or another job on the machine counts too)."""
     from seal_lite.store import Store
 
     store = Store(run_dir / "seal.db")
     shares = [value for _, value in store.metrics("grpo/groups_with_signal")]
-    return {"rewards": [step["reward_mean"] for step in store.steps()],
+    steps = store.steps()
+    return {"rewards": [step["reward_mean"] for step in steps],
+            "minutes": sum(step["finished_at"] - step["started_at"] for step in steps if step["finished_at"]) / 60,
             "updated": sum(1 for _, skipped in store.metrics("grpo/update_skipped") if skipped == 0),
             "signal_share": statistics.fmean(shares) if shares else None}
 
@@ -267,13 +270,13 @@ def _interval(stat: dict, scale: float = 100, digits: int = 1) -> str:
 
 def print_tables(summary: dict) -> None:
     print(f"\nfrontier: {len(summary['frontier'])} training tasks")
-    print("\n| arm | seed | reward per step | first quarter | last quarter | steps with an update |")
-    print("|---|---|---|---|---|---|")
+    print("\n| arm | seed | reward per step | first quarter | last quarter | steps with an update | minutes of steps |")
+    print("|---|---|---|---|---|---|---|")
     for arm, record in summary["training"].items():
         for seed, run in record["seeds"].items():
             rewards = " ".join(f"{reward:.2f}" for reward in run["rewards"])
             print(f"| {arm} | {seed} | {rewards} | {run['first_quarter']:.2f} | {run['last_quarter']:.2f} | "
-                  f"{run['updated']} of {len(run['rewards'])} |")
+                  f"{run['updated']} of {len(run['rewards'])} | {run.get('minutes', float('nan')):.0f} |")
     if "base_on_training_tasks" in summary:
         base = summary["base_on_training_tasks"]
         print(f"\nbase model on these tasks, {base['samples']} fresh samples a task (seed {base['seed']}): pass rate "
