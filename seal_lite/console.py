@@ -99,7 +99,7 @@ class RichProgress:
         if not console.is_terminal:  # logs and notebooks get one line per step instead of a live bar
             no_signal = metrics.get("grpo/advantage_abs_mean") == 0
             update = "no learning signal (each group's rewards are equal)" if no_signal else "policy update follows"
-            console.print(f"step {step}/{self.total_steps}: {status}; {update}")
+            console.print(f"step {step}/{self.total_steps}: {status}; {update}", soft_wrap=True)  # one line a step
 
 
 class EvalProgress:
@@ -176,10 +176,30 @@ def print_screen(pass_rates: dict[str, float], samples: int) -> None:
     console.print(f"{kept} of {len(pass_rates)} tasks on the frontier (passed sometimes, not always)")
 
 
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    """One character per value in [0, 1], from ▁ (0) to █ (1): a reward curve that fits on a terminal line."""
+    return "".join(SPARKS[round(min(max(value, 0.0), 1.0) * (len(SPARKS) - 1))] for value in values)
+
+
+def reward_curve(rewards: list[float]) -> str:
+    """The run's rewards as a sparkline, with the means of the first and last quarter of the steps once there are
+    enough steps for a quarter to differ from the whole."""
+    line = sparkline(rewards)
+    if len(rewards) >= 4:
+        quarter = len(rewards) // 4
+        first, last = sum(rewards[:quarter]) / quarter, sum(rewards[-quarter:]) / quarter
+        line += f"  first quarter {first:.2f}, last quarter {last:.2f}"
+    return line
+
+
 def print_summary(summary) -> None:
     table = Table(title="seal-lite run summary", show_header=False, min_width=60)
     table.add_row("steps", str(summary.steps))
     table.add_row("mean reward (official verdict)", f"{summary.reward_mean:.3f}")
+    table.add_row("reward per step", reward_curve(summary.rewards))
     table.add_row("loss per step", ", ".join(f"{x:.4g}" if x is not None else "-" for x in summary.loss))
     labels = ", ".join(f"{label} {n}" for label, n in summary.label_counts.items()) or "-"
     table.add_row("turn labels", labels)

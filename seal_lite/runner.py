@@ -62,6 +62,7 @@ class RunSummary:
     weight_max: float
     wall_time_s: float
     loss: list[float]
+    rewards: list[float]  # reward/mean of each step
 
 
 @contextlib.contextmanager
@@ -430,4 +431,5 @@ def _finish(recipe: Recipe, store: Store, started: float) -> RunSummary:
         weight_max=max((s["weight_max"] for s in steps), default=1.0),
         wall_time_s=wall,
         loss=[s["loss"] for s in steps],
+        rewards=[s["reward_mean"] for s in steps],
     )

@@ -80,6 +80,34 @@ def test_progress_without_a_terminal_prints_each_task_group_and_each_step(capsys
     assert lines[3].startswith("step 1/2: reward 0.12 (update batch 0.38)") and "policy update follows" in out
 
 
+def test_a_rescreen_has_its_own_bar_and_its_time_is_not_counted_as_rollouts(capsys):
+    from seal_lite.console import RichProgress
+
+    with RichProgress(20) as progress:
+        progress.step_started(11, 2)
+        progress.screen_started(11, 3)
+        for task_id, passes in (("multi_turn_base_1", 4), ("multi_turn_base_2", 2), ("multi_turn_base_3", 0)):
+            progress.task_screened(task_id, passes, 4)
+        progress.step_finished(11, {"reward/mean": 0.5, "grpo/weight_min": 1.0, "grpo/weight_max": 1.0,
+                                    "interface/version": 1, "time/rollout_s": 700.0, "time/rescreen_s": 540.0,
+                                    "screen/rescreen_kept": 1, "screen/rescreened_tasks": 3,
+                                    "screen/frontier_tasks": 2})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == ["screen: 0 of 1 kept; multi_turn_base_1: 4/4 passed",
+                         "screen: 1 of 2 kept; multi_turn_base_2: 2/4 passed",
+                         "screen: 1 of 3 kept; multi_turn_base_3: 0/4 passed"]
+    assert "rollouts 160 s  re-screen 540 s (1 of 3 on the frontier; drawing from 2)" in lines[3]
+
+
+def test_the_run_summary_draws_the_reward_curve():
+    from seal_lite.console import reward_curve, sparkline
+
+    assert sparkline([0.0, 0.5, 1.0, 1.2]) == "▁▅██"
+    assert reward_curve([0.0]) == "▁"  # too few steps for quarters
+    assert reward_curve([0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 0.75, 1.0]) == (
+        "▁▃▅▆██▆█  first quarter 0.12, last quarter 0.88")
+
+
 def test_the_paper_recipe_says_what_the_paper_did():
     """SEAL_METHOD.md §2 and §8; what still differs is docs/deviations.md's (LoRA, its learning rate, 4-bit)."""
     paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml")

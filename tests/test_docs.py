@@ -278,6 +278,7 @@ def check_summary_against_store(text: str, out: Path, cwd: Path) -> None:
 
     assert int(row("steps")) == len(steps)
     assert float(row("mean reward (official verdict)")) == round(sum(t["reward"] for t in trajectories) / 2, 3)
+    assert row("reward per step") == "▁█"[round(steps[0]["reward_mean"])]  # one step: no quarters yet
     labels = dict(db.execute("select label, count(*) from turns group by label").fetchall())
     assert row("turn labels") == ", ".join(f"{label} {n}" for label, n in sorted(labels.items(), key=lambda x: -x[1]))
     low, high = (float(x) for x in row("diagnosis weight range").split(" - "))
