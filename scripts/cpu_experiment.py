@@ -105,13 +105,13 @@ def sets(overrides: list[str]) -> list[str]:
 
 
 def frontier_ids(recipe: str, out: Path, overrides: list[str], stored_only: bool = False) -> list[str]:
-    from seal_lite.screen import frontier
+    from seal_lite.screen import frontier, pass_rates
     from seal_lite.store import Store
 
     if not stored_only:  # the recipe's candidates (data.num_tasks of data.split), not the frontier it may name
         seal_lite("screen", recipe, "--out", str(out / "screen"), *sets([*overrides, "data.task_ids=null"]))
     rows = Store(out / "screen" / "seal.db").screen()
-    return frontier({task_id: row["passes"] / row["samples"] for task_id, row in rows.items()})
+    return frontier(pass_rates(rows))
 
 
 def on_frontier(kept: list[str]) -> list[str]:
@@ -122,6 +122,7 @@ def on_frontier(kept: list[str]) -> list[str]:
 def resampled_base(recipe: str, out: Path, train: list[str], stored_only: bool = False) -> dict | None:
     """The base model's pass rate on the training tasks, played afresh (``RESAMPLE``) under the vanilla arm's plain
     view: {"by_task": {task id: pass rate}, "samples", "seed"}; None before it has run."""
+    from seal_lite.screen import pass_rates
     from seal_lite.store import Store
 
     path = out / f"base-resample-seed{RESAMPLE['seed']}"
@@ -130,8 +131,7 @@ def resampled_base(recipe: str, out: Path, train: list[str], stored_only: bool =
                   *sets([*train, f"seed={RESAMPLE['seed']}", *ARMS["vanilla GRPO"]]))
     if not (path / "seal.db").exists():
         return None
-    rows = Store(path / "seal.db").screen()
-    return {"by_task": {task_id: row["passes"] / row["samples"] for task_id, row in rows.items()}, **RESAMPLE}
+    return {"by_task": pass_rates(Store(path / "seal.db").screen()), **RESAMPLE}
 
 
 def held_out_ids(count: int) -> list[str]:
@@ -295,7 +295,8 @@ def print_tables(summary: dict) -> None:
         print("|---|---|---|---|")
         for arm, row in table["arms"].items():
             print(f"| {arm} | {row['seeds']} | {_interval(row['accuracy'])} | {_interval(row['turn_pass_rate'])} |")
-        print("\n| paired difference (same tasks) | strict accuracy points | turn pass rate points | told apart from chance |")
+        print("\n| paired difference (same tasks) | strict accuracy points | turn pass rate points "
+              "| told apart from chance |")
         print("|---|---|---|---|")
         for name, metrics in table["differences"].items():
             verdict = "yes" if any(distinguishable(m) for m in metrics.values()) else "no: the interval holds 0"
@@ -320,7 +321,8 @@ def draw(summary: dict, path: Path) -> None:
             axes[0].plot(range(1, len(curve) + 1), curve, color=colors[arm], alpha=0.3, linewidth=1)
         length = min(len(curve) for curve in curves)
         mean = [statistics.fmean(curve[i] for curve in curves) for i in range(length)]
-        axes[0].plot(range(1, length + 1), mean, color=colors[arm], linewidth=2.5, label=f"{arm} ({len(curves)} seed{'s' * (len(curves) > 1)})")
+        seeds = f"{len(curves)} seed{'s' * (len(curves) > 1)}"
+        axes[0].plot(range(1, length + 1), mean, color=colors[arm], linewidth=2.5, label=f"{arm} ({seeds})")
     if "base_on_training_tasks" in summary:
         axes[0].axhline(summary["base_on_training_tasks"]["mean"], color=colors["base"], linestyle="--",
                         label="base model (fresh samples)")

@@ -44,8 +44,13 @@ def screen_tasks(tasks: list[Task], generator: Generator, recipe: Recipe, store:
         store.save_screen({"task_id": task.id, "samples": samples, "passes": passes,
                            "seconds": time.perf_counter() - started}, step)
         on_task(task.id, passes, samples)
-    rows = store.screen(step)
-    return {task.id: rows[task.id]["passes"] / rows[task.id]["samples"] for task in tasks}
+    rates = pass_rates(store.screen(step))
+    return {task.id: rates[task.id] for task in tasks}
+
+
+def pass_rates(rows: dict[str, dict]) -> dict[str, float]:
+    """task id -> passes / samples, from the store's screen rows (``Store.screen``)."""
+    return {task_id: row["passes"] / row["samples"] for task_id, row in rows.items()}
 
 
 def frontier(pass_rates: dict[str, float]) -> list[str]:
