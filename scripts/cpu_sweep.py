@@ -5,7 +5,9 @@ OUT/screen; this script reuses or makes it), for --steps steps, seed 0, with lor
 what decides a step size: the reward in the first and last quarter of the steps, how many steps updated the policy,
 and the means over the run of the KL to the reference, the policy's entropy, the LoRA norm, the gradient norm and
 the llama.cpp / torch log-prob gap (a policy that moves too fast drifts from the engine that samples for it).
-Finished runs are kept, so the same command resumes.
+Finished runs are kept, so the same command resumes. The recipe's own learning rate and rank at seed 0 is the
+experiment's SEAL run (OUT/seal-seed0): with a constant learning rate and the same seed, its first --steps steps
+are that sweep run, so the sweep reads them there instead of training them again.
 
     .venv/bin/python scripts/cpu_sweep.py --rates 5e-5,1e-4,3e-4 --ranks 8,16 --steps 10 --out runs/cpu-experiment
 """
@@ -16,20 +18,23 @@ import argparse
 import statistics
 from pathlib import Path
 
+import yaml
 from cpu_experiment import COMMON, RECIPE, ROOT, frontier_ids, on_frontier, quarters, seal_lite, sets, training
 
 WATCHED = ("grpo/kl", "grpo/entropy", "grpo/lora_norm", "grpo/grad_norm", "grpo/engine/logprob_gap_mean")
 
 
-def run_figures(run_dir: Path) -> dict:
+def run_figures(run_dir: Path, steps: int) -> dict:
+    """The sweep's figures of the run's first ``steps`` steps."""
     from seal_lite.store import Store
 
-    run = training(run_dir)
-    first, last = quarters(run["rewards"])
-    figures = {"first": first, "last": last, "steps": len(run["rewards"]), "updated": run["updated"]}
     store = Store(run_dir / "seal.db")
+    rewards = training(run_dir)["rewards"][:steps]
+    first, last = quarters(rewards)
+    updated = sum(1 for step, skipped in store.metrics("grpo/update_skipped") if step <= steps and skipped == 0)
+    figures = {"first": first, "last": last, "steps": len(rewards), "updated": updated}
     for name in WATCHED:
-        values = [value for _, value in store.metrics(name)]
+        values = [value for step, value in store.metrics(name) if step <= steps]
         figures[name] = statistics.fmean(values) if values else None
     return figures
 
@@ -48,14 +53,19 @@ def main() -> None:
     common = [*COMMON, *args.overrides]
     kept = frontier_ids(args.recipe, args.out, common)
     train = [*common, *on_frontier(kept), f"grpo.steps={args.steps}"]
+    policy, grpo = (yaml.safe_load((ROOT / args.recipe).read_text())[key] for key in ("policy", "grpo"))
     rows = []
     for rate in args.rates.split(","):
         for rank in (int(r) for r in args.ranks.split(",")):
             run_dir = args.out / "sweep" / f"lr{rate}-r{rank}"
-            if run_status(run_dir) != "finished":
+            the_recipe = (float(rate), rank, 2 * rank) == (grpo["learning_rate"], policy["lora_r"], policy["lora_alpha"])
+            if the_recipe and not args.overrides and run_status(args.out / "seal-seed0") == "finished":
+                print(f"lr {rate}, rank {rank}: the first {args.steps} steps of {args.out / 'seal-seed0'}")
+                run_dir = args.out / "seal-seed0"
+            elif run_status(run_dir) != "finished":
                 seal_lite("run", args.recipe, "--out", str(run_dir), *sets([
                     *train, f"grpo.learning_rate={rate}", f"policy.lora_r={rank}", f"policy.lora_alpha={2 * rank}"]))
-            rows.append((rate, rank, run_figures(run_dir)))
+            rows.append((rate, rank, run_figures(run_dir, args.steps)))
     print(f"\nfrontier: {len(kept)} tasks; {args.steps} steps per run, seed 0")
     print("\n| lr | rank | reward, first quarter | last quarter | steps updated | " +
           " | ".join(name.removeprefix("grpo/") for name in WATCHED) + " |")

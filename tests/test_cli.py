@@ -209,7 +209,8 @@ def test_the_cpu_experiments_intervals_and_summary(tmp_path):
 
 def test_the_step_size_sweep_reads_a_runs_store(tmp_path, monkeypatch):
     """scripts/cpu_sweep.py (issue 17's lr and rank sweep) shares the experiment's screen and statistics, and reads
-    the reward quarters and the watched metrics from a run's store; a metric never logged shows as missing."""
+    the reward quarters and the watched metrics of a run's first steps from its store (the recipe's own step size
+    is read from the experiment's longer SEAL run); a metric never logged shows as missing."""
     import importlib.util
 
     from seal_lite.store import Store
@@ -223,6 +224,9 @@ def test_the_step_size_sweep_reads_a_runs_store(tmp_path, monkeypatch):
         store.db["steps"].insert({"step": step, "reward_mean": reward}, alter=True)
         store.db["metrics"].insert_all([{"step": step, "name": "grpo/update_skipped", "value": float(step == 1)},
                                         {"step": step, "name": "grpo/entropy", "value": 0.5 + step}], alter=True)
-    figures = sweep.run_figures(tmp_path)
+    figures = sweep.run_figures(tmp_path, steps=4)
     assert (figures["first"], figures["last"], figures["steps"], figures["updated"]) == (0.0, 0.75, 4, 3)
     assert figures["grpo/entropy"] == 3.0 and figures["grpo/kl"] is None
+    first_two = sweep.run_figures(tmp_path, steps=2)
+    assert (first_two["first"], first_two["last"], first_two["steps"], first_two["updated"]) == (0.0, 0.25, 2, 1)
+    assert first_two["grpo/entropy"] == 2.0
