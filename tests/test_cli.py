@@ -209,8 +209,8 @@ def test_the_cpu_experiments_intervals_and_summary(tmp_path):
 
 def test_the_step_size_sweep_reads_a_runs_store(tmp_path, monkeypatch):
     """scripts/cpu_sweep.py (issue 17's lr and rank sweep) shares the experiment's screen and statistics, and reads
-    the reward quarters and the watched metrics of a run's first steps from its store (the recipe's own step size
-    is read from the experiment's longer SEAL run); a metric never logged shows as missing."""
+    the reward quarters and the watched metrics of a run's first --steps steps from its store (so the experiment's
+    longer SEAL run can stand for the recipe's own step size); a metric never logged shows as missing."""
     import importlib.util
 
     from seal_lite.store import Store
