@@ -146,17 +146,20 @@ def evaluation(path: Path) -> dict[str, dict[str, float]]:
             for task in tasks}
 
 
-def training(run_dir: Path) -> dict:
+def training(run_dir: Path, first: int | None = None) -> dict:
     """The run's mean reward per step, how many steps updated the policy (the others had no signal), and the
-    minutes its steps took (rollouts and updates; a pause or another job on the machine counts too)."""
+    minutes its steps took (rollouts and updates; a pause or another job on the machine counts too); of its
+    ``first`` steps only, if given."""
     from seal_lite.store import Store
 
     store = Store(run_dir / "seal.db")
-    shares = [value for _, value in store.metrics("grpo/groups_with_signal")]
-    steps = store.steps()
+    last = first if first is not None else float("inf")
+    shares = [value for step, value in store.metrics("grpo/groups_with_signal") if step <= last]
+    steps = [step for step in store.steps() if step["step"] <= last]
     return {"rewards": [step["reward_mean"] for step in steps],
             "minutes": sum(step["finished_at"] - step["started_at"] for step in steps if step["finished_at"]) / 60,
-            "updated": sum(1 for _, skipped in store.metrics("grpo/update_skipped") if skipped == 0),
+            "updated": sum(1 for step, skipped in store.metrics("grpo/update_skipped")
+                           if step <= last and skipped == 0),
             "signal_share": statistics.fmean(shares) if shares else None}
 
 

@@ -18,7 +18,6 @@ import argparse
 import statistics
 from pathlib import Path
 
-import yaml
 from cpu_experiment import COMMON, RECIPE, ROOT, frontier_ids, on_frontier, quarters, seal_lite, sets, training
 
 WATCHED = ("grpo/kl", "grpo/entropy", "grpo/lora_norm", "grpo/grad_norm", "grpo/engine/logprob_gap_mean")
@@ -28,11 +27,10 @@ def run_figures(run_dir: Path, steps: int) -> dict:
     """The sweep's figures of the run's first ``steps`` steps."""
     from seal_lite.store import Store
 
+    run = training(run_dir, first=steps)
+    first, last = quarters(run["rewards"])
+    figures = {"first": first, "last": last, "steps": len(run["rewards"]), "updated": run["updated"]}
     store = Store(run_dir / "seal.db")
-    rewards = training(run_dir)["rewards"][:steps]
-    first, last = quarters(rewards)
-    updated = sum(1 for step, skipped in store.metrics("grpo/update_skipped") if step <= steps and skipped == 0)
-    figures = {"first": first, "last": last, "steps": len(rewards), "updated": updated}
     for name in WATCHED:
         values = [value for step, value in store.metrics(name) if step <= steps]
         figures[name] = statistics.fmean(values) if values else None
@@ -48,17 +46,19 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu-experiment")
     args = parser.parse_args()
+    from seal_lite.recipe import load_recipe
     from seal_lite.runner import run_status
 
     common = [*COMMON, *args.overrides]
     kept = frontier_ids(args.recipe, args.out, common)
     train = [*common, *on_frontier(kept), f"grpo.steps={args.steps}"]
-    policy, grpo = (yaml.safe_load((ROOT / args.recipe).read_text())[key] for key in ("policy", "grpo"))
+    recipe = load_recipe(ROOT / args.recipe)
     rows = []
     for rate in args.rates.split(","):
         for rank in (int(r) for r in args.ranks.split(",")):
             run_dir = args.out / "sweep" / f"lr{rate}-r{rank}"
-            the_recipe = (float(rate), rank, 2 * rank) == (grpo["learning_rate"], policy["lora_r"], policy["lora_alpha"])
+            the_recipe = (float(rate), rank, 2 * rank) == (
+                recipe.grpo.learning_rate, recipe.policy.lora_r, recipe.policy.lora_alpha)
             if the_recipe and not args.overrides and run_status(args.out / "seal-seed0") == "finished":
                 print(f"lr {rate}, rank {rank}: the first {args.steps} steps of {args.out / 'seal-seed0'}")
                 run_dir = args.out / "seal-seed0"
