@@ -1,36 +1,43 @@
 """The CPU experiment of docs/results.md: base vs vanilla GRPO vs SEAL on Qwen2.5-Coder-0.5B's frontier tasks.
 
-1. Screen once: ``seal-lite screen RECIPE --out OUT/screen`` plays k samples of every candidate training task with
-   the base model and keeps the frontier, the tasks solved in some but not all samples. Every run trains on exactly
-   those tasks (``data.task_ids``), so the arms differ only in method. The screen kept tasks for their pass rates,
-   so the base model's own rate on them is measured again, afresh (8 samples a task, another seed, the vanilla
-   arm's plain view): the base arm on the training tasks (OUT/base-resample-seed100).
+1. The frontier: the tasks the recipe names (``data.task_ids``, the result of an earlier screen), or, if it names
+   none, a screen: ``seal-lite screen RECIPE --out OUT/screen`` plays k samples of every candidate training task
+   with the base model and keeps the tasks solved in some but not all samples. Every run trains on exactly those
+   tasks, so the arms differ only in method. The screen kept tasks for their pass rates, so the base model's own
+   rate on them is measured again, afresh (8 samples a task, another seed, the vanilla arm's plain view): the base
+   arm on the training tasks (OUT/base-resample-seed100).
 2. Train, per seed: vanilla GRPO (the recipe with SEAL's parts off, as recipes/ablation-vanilla-grpo.yaml turns them
    off) and SEAL (the recipe), at the same rollout budget: the recipe's steps x tasks per step x G, and the same
    dynamic-sampling allowance. Both use the rule labels (diagnoser off), as the paper does.
-3. Once every run has trained, evaluate the base model and every trained run greedily on the same held-out tasks
-   (the first N base-category tasks of data/eval_ids.txt), under the official view (BFCL's surface) and, with
+3. Evaluate every trained run, and the base model, greedily on the same held-out tasks (the first N
+   base-category tasks of data/eval_ids.txt), under the official view (BFCL's surface) and, with
    ``--views official,signatures``, under the one-line signatures the recipe trains with (not a BFCL score, and
    marked so).
 4. Summarize: the training reward in the first and the last quarter of each run's steps (per arm: the mean over
    seeds, with a 95% bootstrap interval over seeds), beside the base model's resampled pass rate on the same tasks
    (95% bootstrap interval over tasks); held-out strict accuracy and turn pass rate per arm (each task
    averaged over seeds, 95% bootstrap interval over tasks) and the paired differences between arms; a figure
-   (OUT/cpu-experiment.png) and OUT/summary.json, the summary to commit instead of the stores.
+   (OUT/cpu-experiment.png) and RECORDS/summary.json.
 
-Everything finished is kept under --out, so the same command after a stop resumes where it stopped: a screened
-task, a committed step and a finished evaluation are never redone, and adding a seed runs only that seed.
-``--summary-only`` runs nothing and tabulates what has finished so far (while the experiment runs elsewhere).
+The stores (the runs, checkpoints, evaluations) live under --out and stay out of git; what the summary needs is
+written, as each part finishes, to small JSON records under --records (docs/results/cpu-experiment/, committed):
+one per run (its training curve and its held-out scores under each view) and one for the base model. A run is
+evaluated as soon as it has trained, so a machine lost between sessions loses at most the part in progress. The
+same command after a stop resumes: a recorded part is never redone, a committed step or a finished evaluation in
+--out is reused, and adding a seed runs only that seed. ``--summary-only`` runs nothing and tabulates the records
+(while the experiment runs elsewhere, or on another machine).
 
-    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1,2 --out runs/cpu-experiment
-    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1,2 --out runs/cpu-experiment --summary-only
-    .venv/bin/python scripts/cpu_experiment.py --seeds 0 --set grpo.steps=4 --set data.num_tasks=8 --eval-tasks 2
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1,2 --views official,signatures --out runs/cpu-experiment
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0,1,2 --summary-only
+    .venv/bin/python scripts/cpu_experiment.py --seeds 0 --set grpo.steps=4 --eval-tasks 2 --records /tmp/records
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import random
 import statistics
 import subprocess
@@ -105,32 +112,35 @@ def sets(overrides: list[str]) -> list[str]:
 
 
 def frontier_ids(recipe: str, out: Path, overrides: list[str], stored_only: bool = False) -> list[str]:
+    """The tasks every run trains on: those the recipe (with ``overrides``) names, else the frontier of a screen of
+    its candidates (data.num_tasks of data.split), screened into OUT/screen unless ``stored_only``."""
+    from seal_lite.cli import _parse_overrides
+    from seal_lite.recipe import load_recipe
     from seal_lite.screen import frontier, pass_rates
     from seal_lite.store import Store
 
-    if not stored_only:  # the recipe's candidates (data.num_tasks of data.split), not the frontier it may name
-        seal_lite("screen", recipe, "--out", str(out / "screen"), *sets([*overrides, "data.task_ids=null"]))
-    rows = Store(out / "screen" / "seal.db").screen()
-    return frontier(pass_rates(rows))
+    named = load_recipe(ROOT / recipe, _parse_overrides(tuple(overrides))).data.task_ids
+    if named:
+        return list(named)
+    if not stored_only:
+        seal_lite("screen", recipe, "--out", str(out / "screen"), *sets(overrides))
+    return frontier(pass_rates(Store(out / "screen" / "seal.db").screen()))
 
 
 def on_frontier(kept: list[str]) -> list[str]:
-    """The overrides that train on exactly the screened frontier tasks, without screening again."""
+    """The overrides that train on exactly the frontier tasks, without screening again."""
     return [f"data.task_ids=[{','.join(kept)}]", "data.screen=null"]
 
 
-def resampled_base(recipe: str, out: Path, train: list[str], stored_only: bool = False) -> dict | None:
+def resampled_base(recipe: str, out: Path, train: list[str]) -> dict:
     """The base model's pass rate on the training tasks, played afresh (``RESAMPLE``) under the vanilla arm's plain
-    view: {"by_task": {task id: pass rate}, "samples", "seed"}; None before it has run."""
+    view: {"by_task": {task id: pass rate}, "samples", "seed"}."""
     from seal_lite.screen import pass_rates
     from seal_lite.store import Store
 
     path = out / f"base-resample-seed{RESAMPLE['seed']}"
-    if not stored_only:
-        seal_lite("screen", recipe, "--out", str(path), "--samples", str(RESAMPLE["samples"]),
-                  *sets([*train, f"seed={RESAMPLE['seed']}", *ARMS["vanilla GRPO"]]))
-    if not (path / "seal.db").exists():
-        return None
+    seal_lite("screen", recipe, "--out", str(path), "--samples", str(RESAMPLE["samples"]),
+              *sets([*train, f"seed={RESAMPLE['seed']}", *ARMS["vanilla GRPO"]]))
     return {"by_task": pass_rates(Store(path / "seal.db").screen()), **RESAMPLE}
 
 
@@ -163,6 +173,29 @@ def training(run_dir: Path, first: int | None = None) -> dict:
             "signal_share": statistics.fmean(shares) if shares else None}
 
 
+def machine() -> str:
+    """The CPU a record was measured on (its figures are minutes of this machine)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    return f"{os.cpu_count()} cores, {names[0] if names else platform.processor() or 'unknown CPU'}"
+
+
+class Records:
+    """The committed records of the experiment's parts: RECORDS/NAME.json, one small JSON object each."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def get(self, name: str) -> dict | None:
+        path = self.directory / f"{name}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def put(self, name: str, record: dict) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default=RECIPE, help="the SEAL arm's recipe (default: %(default)s)")
@@ -171,9 +204,11 @@ def main() -> None:
     parser.add_argument("--views", default="official", help="comma-separated: official, signatures")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe field for the screen and every run (repeatable)")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu-experiment")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "cpu-experiment", help="the stores (not in git)")
+    parser.add_argument("--records", type=Path, default=ROOT / "docs" / "results" / "cpu-experiment",
+                        help="the records of finished parts and summary.json, to commit (default: %(default)s)")
     parser.add_argument("--summary-only", action="store_true",
-                        help="run nothing: tabulate the finished runs and evaluations (while the experiment runs)")
+                        help="run nothing: tabulate the records (while the experiment runs, or on another machine)")
     args = parser.parse_args()
     from seal_lite.cli import _parse_overrides
     from seal_lite.runner import run_status
@@ -181,52 +216,70 @@ def main() -> None:
     seeds = [int(seed) for seed in args.seeds.split(",")]
     views = args.views.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
+    records = Records(args.records)
     common = [*COMMON, *args.overrides]
-
     kept = frontier_ids(args.recipe, args.out, common, args.summary_only)
     print(f"frontier: {len(kept)} tasks: {' '.join(kept)}", flush=True)
     train = [*common, *on_frontier(kept)]
-    base = resampled_base(args.recipe, args.out, train, args.summary_only)
-    held_out = ",".join(held_out_ids(args.eval_tasks))
+    held_out = held_out_ids(args.eval_tasks)
 
     recipe = yaml.safe_load((ROOT / args.recipe).read_text())
     rollout = {**recipe.get("rollout", {}), **{key.split(".", 1)[1]: value for key, value
                                                in _parse_overrides(tuple(args.overrides)).items()
                                                if key.startswith("rollout.")}}
     base_sets = [f"rollout.{key}={json.dumps(rollout[key])}" for key in EVAL_ROLLOUT if key in rollout]
-    # every training run first (the reward curves), then the evaluations: a stop halfway leaves whole curves
+
+    def evaluate(record: dict, name: str, target: str, *eval_sets: str) -> None:
+        """Add to ``record`` its held-out scores under each view it lacks (after `seal-lite eval TARGET` if
+        OUT/NAME-VIEW-evalN.json is missing), writing the record after each."""
+        for view in views:
+            if sorted(record["held_out"].get(view, {})) == sorted(held_out) or args.summary_only:
+                continue
+            path = args.out / f"{name}-{view}-eval{args.eval_tasks}.json"
+            if not path.exists():
+                seal_lite("eval", target, "--split", ",".join(held_out), "--view", view, *eval_sets,
+                          "--json", str(path))
+            record["held_out"][view] = evaluation(path)
+            records.put(name, record)
+
+    # a seed's two runs, each trained then evaluated at once, then the base model; a stop loses one part at most
     runs: dict[str, dict[int, dict]] = {}
+    scores: dict[str, dict[str, list[dict]]] = {}  # view -> arm -> its evaluations, one per seed
     for seed in seeds:
         for arm, overrides in ARMS.items():
-            run_dir = args.out / f"{SLUG[arm]}-seed{seed}"
-            if run_status(run_dir) != "finished":
+            name = f"{SLUG[arm]}-seed{seed}"
+            run_dir = args.out / name
+            record = records.get(name)
+            if record is None:
                 if args.summary_only:
                     continue
-                seal_lite("run", args.recipe, "--out", str(run_dir), *sets([*train, f"seed={seed}", *overrides]))
-            runs.setdefault(arm, {})[seed] = training(run_dir)
+                if run_status(run_dir) != "finished":
+                    seal_lite("run", args.recipe, "--out", str(run_dir),
+                              *sets([*train, f"seed={seed}", *overrides]))
+                record = {"arm": arm, "seed": seed, "overrides": [*train, f"seed={seed}", *overrides],
+                          "machine": machine(), "training": training(run_dir), "held_out": {}}
+                records.put(name, record)
+            if run_status(run_dir) == "finished":
+                evaluate(record, name, str(run_dir))
+            runs.setdefault(arm, {})[seed] = record["training"]
+            for view, by_task in record["held_out"].items():
+                if view in views:
+                    scores.setdefault(view, {}).setdefault(arm, []).append(by_task)
 
-    def evaluated(name: str, target: str, view: str, *eval_sets: str) -> dict | None:
-        """The evaluation stored in OUT/NAME, after `seal-lite eval TARGET` if it is missing (unless
-        --summary-only); None if there is none."""
-        path = args.out / name
-        if not path.exists() and not args.summary_only:
-            seal_lite("eval", target, "--split", held_out, "--view", view, *eval_sets, "--json", str(path))
-        return evaluation(path) if path.exists() else None
-
-    scores: dict[str, dict[str, list[dict]]] = {}  # view -> arm -> one per seed
-    for view in views:
+    base = records.get("base")
+    if base is None and not args.summary_only:
+        base = {"machine": machine(), "resample": resampled_base(args.recipe, args.out, train), "held_out": {}}
+        records.put("base", base)
+    if base is not None:
         # greedy decoding: the base model's score does not depend on the seed
-        found = {"base": [evaluated(f"base-{view}-eval{args.eval_tasks}.json", recipe["policy"]["model"], view,
-                                    *sets(base_sets))]}
-        for seed in seeds:
-            for arm in ARMS:
-                found.setdefault(arm, []).append(evaluated(f"{SLUG[arm]}-seed{seed}-{view}-eval{args.eval_tasks}.json",
-                                                           str(args.out / f"{SLUG[arm]}-seed{seed}"), view))
-        found = {arm: [run for run in runs if run is not None] for arm, runs in found.items()}
-        if any(found.values()):
-            scores[view] = {arm: runs for arm, runs in found.items() if runs}
-    summary = summarize(kept, runs, scores, base)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        evaluate(base, "base", recipe["policy"]["model"], *sets(base_sets))
+        for view, by_task in base["held_out"].items():
+            if view in views:
+                scores.setdefault(view, {})["base"] = [by_task]
+    scores = {view: dict(sorted(by_arm.items(), key=lambda item: item[0] != "base"))
+              for view, by_arm in scores.items()}
+    summary = summarize(kept, runs, scores, base["resample"] if base else None)
+    records.put("summary", summary)
     print_tables(summary)
     draw(summary, args.out / "cpu-experiment.png")
 

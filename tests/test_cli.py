@@ -2,6 +2,8 @@
 
 The small real run checked against its store is the README tour's (tests/test_docs.py)."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -205,6 +207,39 @@ def test_the_cpu_experiments_intervals_and_summary(tmp_path):
     assert training_only["held_out"] == {} and training_only["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.6)
     experiment.draw(training_only, tmp_path / "training.png")
     assert (tmp_path / "training.png").stat().st_size > 10_000
+
+
+def test_the_cpu_experiment_tabulates_its_committed_records(tmp_path):
+    """The experiment's summary comes from the small records committed under --records, not from the stores (which
+    a new machine lacks): --summary-only with two runs' records and the base model's gives their table, and the
+    frontier is the recipe's named tasks, without a screen."""
+    experiment = _cpu_experiment()
+    assert experiment.frontier_ids(experiment.RECIPE, tmp_path, experiment.COMMON) == load_recipe(
+        ROOT / experiment.RECIPE).data.task_ids
+    assert not (tmp_path / "screen").exists()
+    held_out = experiment.held_out_ids(2)
+    records = experiment.Records(tmp_path / "records")
+    for name, arm, solved in (("vanilla-seed0", "vanilla GRPO", 0.0), ("seal-seed0", "SEAL", 1.0)):
+        records.put(name, {"arm": arm, "seed": 0, "training": {"rewards": [0.25, 0.5, 0.75, solved],
+                                                               "updated": 4, "minutes": 9.0, "signal_share": 0.5},
+                           "held_out": {"official": {task: {"accuracy": solved, "turn_pass_rate": solved}
+                                                     for task in held_out}}})
+    records.put("base", {"resample": {"by_task": {"multi_turn_base_19": 0.5}, "samples": 8, "seed": 100},
+                         "held_out": {"official": {task: {"accuracy": 0.0, "turn_pass_rate": 0.5}
+                                                   for task in held_out}}})
+    done = subprocess.run([sys.executable, "scripts/cpu_experiment.py", "--seeds", "0", "--eval-tasks", "2",
+                           "--summary-only", "--records", str(tmp_path / "records"), "--out", str(tmp_path / "out")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = records.get("summary")
+    assert summary["training"]["SEAL"]["seeds"]["0"]["last_quarter"] == 1.0
+    assert summary["training"]["vanilla GRPO"]["seeds"]["0"]["last_quarter"] == 0.0
+    arms = summary["held_out"]["official"]["arms"]
+    assert list(arms) == ["base", "vanilla GRPO", "SEAL"] and arms["SEAL"]["accuracy"]["mean"] == 1.0
+    assert arms["base"]["turn_pass_rate"]["mean"] == 0.5
+    assert summary["base_on_training_tasks"]["mean"] == 0.5
+    assert "| SEAL | 0 | 0.25 0.50 0.75 1.00 |" in done.stdout
+    assert (tmp_path / "out" / "cpu-experiment.png").stat().st_size > 10_000
 
 
 def test_the_step_size_sweep_reads_a_runs_store(tmp_path, monkeypatch):
