@@ -199,7 +199,8 @@ class Records:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default=RECIPE, help="the SEAL arm's recipe (default: %(default)s)")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds, one run per arm each")
+    parser.add_argument("--seeds", default="0,1,2",
+                        help="comma-separated seeds, one run per arm each; empty (--seeds '') for the base model only")
     parser.add_argument("--eval-tasks", type=int, default=16, help="held-out base tasks evaluated")
     parser.add_argument("--views", default="official", help="comma-separated: official, signatures")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -213,7 +214,7 @@ def main() -> None:
     from seal_lite.cli import _parse_overrides
     from seal_lite.runner import run_status
 
-    seeds = [int(seed) for seed in args.seeds.split(",")]
+    seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     views = args.views.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
     records = Records(args.records)
