@@ -187,6 +187,11 @@ def test_the_cpu_experiments_intervals_and_summary(tmp_path):
     better = {task: {"accuracy": float(i % 3 == 0), "turn_pass_rate": float(i % 3 == 0)} for i, task in enumerate(tasks)}
     same = experiment.paired_difference({t: 0.0 for t in tasks}, {t: 0.0 for t in tasks})
     assert same["mean"] == 0 and not experiment.distinguishable(same)
+    assert experiment.sign_test([1.0] * 4 + [0.0] * 12) == 0.125  # 4 of 16 against 0 of 16: not told apart
+    assert experiment.sign_test([1.0] * 6 + [-0.5]) == pytest.approx(16 / 128)
+    assert experiment.sign_test([1.0] * 6) < 0.05 and experiment.sign_test([]) == 1.0
+    few = experiment.paired_difference({t: float(t in tasks[:4]) for t in tasks[:16]}, {t: 0.0 for t in tasks[:16]})
+    assert few["low"] > 0 and few["sign_p"] == 0.125 and not experiment.distinguishable(few)
     runs = {arm: {seed: {"rewards": [0.1 * seed, 0.2, 0.3, gain + 0.1 * seed], "updated": 3, "signal_share": 0.5}
                   for seed in range(3)} for arm, gain in (("vanilla GRPO", 0.3), ("SEAL", 0.6))}
     scores = {"official": {"base": [base], "vanilla GRPO": [base, base, base], "SEAL": [better, better, base]}}
