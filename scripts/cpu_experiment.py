@@ -277,7 +277,7 @@ def main() -> None:
                 evaluate(record, name, str(run_dir))
             runs.setdefault(arm, {})[seed] = record["training"]
             for view, by_task in record["held_out"].items():
-                if view in views:
+                if view in views and sorted(by_task) == sorted(held_out):
                     scores.setdefault(view, {}).setdefault(arm, []).append(by_task)
 
     base = records.get("base")
@@ -288,7 +288,7 @@ def main() -> None:
         # greedy decoding: the base model's score does not depend on the seed
         evaluate(base, "base", recipe["policy"]["model"], *sets(base_sets))
         for view, by_task in base["held_out"].items():
-            if view in views:
+            if view in views and sorted(by_task) == sorted(held_out):
                 scores.setdefault(view, {})["base"] = [by_task]
     scores = {view: dict(sorted(by_arm.items(), key=lambda item: item[0] != "base"))
               for view, by_arm in scores.items()}
