@@ -110,7 +110,7 @@ def paired_difference(a: dict[str, float], b: dict[str, float]) -> dict:
 
 def distinguishable(difference: dict) -> bool:
     """A difference is told apart from chance when its interval leaves out 0 and the sign test gives p < 0.05."""
-    return (difference["low"] > 0 or difference["high"] < 0) and difference.get("sign_p", 0.0) < 0.05
+    return (difference["low"] > 0 or difference["high"] < 0) and difference["sign_p"] < 0.05
 
 
 # ---- the steps ---------------------------------------------------------------------------------------------------
@@ -243,11 +243,18 @@ def main() -> None:
                                                if key.startswith("rollout.")}}
     base_sets = [f"rollout.{key}={json.dumps(rollout[key])}" for key in EVAL_ROLLOUT if key in rollout]
 
+    def scored(record: dict) -> dict[str, dict]:
+        """The record's held-out scores under this run's views that cover exactly this run's held-out tasks."""
+        return {view: by_task for view, by_task in record["held_out"].items()
+                if view in views and sorted(by_task) == sorted(held_out)}
+
     def evaluate(record: dict, name: str, target: str, *eval_sets: str) -> None:
         """Add to ``record`` its held-out scores under each view it lacks (after `seal-lite eval TARGET` if
         OUT/NAME-VIEW-evalN.json is missing), writing the record after each."""
+        if args.summary_only:
+            return
         for view in views:
-            if sorted(record["held_out"].get(view, {})) == sorted(held_out) or args.summary_only:
+            if view in scored(record):
                 continue
             path = args.out / f"{name}-{view}-eval{args.eval_tasks}.json"
             if not path.exists():
@@ -276,9 +283,8 @@ def main() -> None:
             if run_status(run_dir) == "finished":
                 evaluate(record, name, str(run_dir))
             runs.setdefault(arm, {})[seed] = record["training"]
-            for view, by_task in record["held_out"].items():
-                if view in views and sorted(by_task) == sorted(held_out):
-                    scores.setdefault(view, {}).setdefault(arm, []).append(by_task)
+            for view, by_task in scored(record).items():
+                scores.setdefault(view, {}).setdefault(arm, []).append(by_task)
 
     base = records.get("base")
     if base is None and not args.summary_only:
@@ -287,9 +293,8 @@ def main() -> None:
     if base is not None:
         # greedy decoding: the base model's score does not depend on the seed
         evaluate(base, "base", recipe["policy"]["model"], *sets(base_sets))
-        for view, by_task in base["held_out"].items():
-            if view in views and sorted(by_task) == sorted(held_out):
-                scores.setdefault(view, {})["base"] = [by_task]
+        for view, by_task in scored(base).items():
+            scores.setdefault(view, {})["base"] = [by_task]
     scores = {view: dict(sorted(by_arm.items(), key=lambda item: item[0] != "base"))
               for view, by_arm in scores.items()}
     summary = summarize(kept, runs, scores, base["resample"] if base else None)

@@ -1,8 +1,8 @@
 """Step size on the frontier (issue 17): short SEAL runs of recipes/cpu-learn.yaml over learning rates and LoRA ranks.
 
-Every run trains on the frontier tasks of the experiment's screen (scripts/cpu_experiment.py screens once, into
-OUT/screen; this script reuses or makes it), for --steps steps, seed 0, with lora_alpha = 2 x rank. The table shows
-what decides a step size: the reward in the first and last quarter of the steps, how many steps updated the policy,
+Every run trains on the experiment's frontier (the tasks the recipe names, or, if it names none, those of a
+screen into OUT/screen, which this script reuses or makes), for --steps steps, seed 0, with lora_alpha = 2 x rank.
+The table shows what decides a step size: the reward in the first and last quarter of the steps, how many steps updated the policy,
 and the means over the run of the KL to the reference, the policy's entropy, the LoRA norm, the gradient norm and
 the llama.cpp / torch log-prob gap (a policy that moves too fast drifts from the engine that samples for it).
 Each run's figures are written to a small record under --records (docs/results/cpu-sweep/, committed) when it
