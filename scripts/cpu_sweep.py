@@ -1,15 +1,15 @@
 """Step size on the frontier (issue 17): short SEAL runs of recipes/cpu-learn.yaml over learning rates and LoRA ranks.
 
-Every run trains on the experiment's frontier (the tasks the recipe names, or, if it names none, those of a
-screen into OUT/screen, which this script reuses or makes), for --steps steps, seed 0, with lora_alpha = 2 x rank.
-The table shows what decides a step size: the reward in the first and last quarter of the steps, how many steps updated the policy,
-and the means over the run of the KL to the reference, the policy's entropy, the LoRA norm, the gradient norm and
-the llama.cpp / torch log-prob gap (a policy that moves too fast drifts from the engine that samples for it).
-Each run's figures are written to a small record under --records (docs/results/cpu-sweep/, committed) when it
-finishes, and the stores stay under --out, so the same command resumes, on this machine or another. The recipe's
-own learning rate and rank at seed 0 is the experiment's SEAL run (OUT/seal-seed0): with a constant learning rate
-and the same seed, its first --steps steps are that sweep run, so the sweep reads them there instead of training
-them again (that row waits until the experiment has trained it).
+Every run trains on the experiment's frontier (the tasks the recipe names, or, if it names none, those of a screen
+into OUT/screen, which this script reuses or makes), for --steps steps, seed 0, with lora_alpha = 2 x rank. The
+table shows what decides a step size: the reward in the first and last quarter of the steps, how many steps updated
+the policy, and the means over the run of the KL to the reference, the policy's entropy, the LoRA norm, the
+gradient norm and the llama.cpp / torch log-prob gap (a policy that moves too fast drifts from the engine that
+samples for it). Each run's figures are written to a small record under --records (docs/results/cpu-sweep/,
+committed) when it finishes, and the stores stay under --out, so the same command resumes, on this machine or
+another. The recipe's own learning rate and rank at seed 0 is the experiment's SEAL run (OUT/seal-seed0): with a
+constant learning rate and the same seed, its first --steps steps are that sweep run, so the sweep reads them there
+instead of training them again (that row waits until the experiment has trained it).
 
     .venv/bin/python scripts/cpu_sweep.py --rates 5e-5,1e-4,3e-4 --ranks 8,16 --steps 10 --out runs/cpu-experiment
 """
