@@ -15,7 +15,9 @@
    marked so).
 4. Summarize: the training reward in the first and the last quarter of each run's steps (per arm: the mean over
    seeds, with a 95% bootstrap interval over seeds), beside the base model's resampled pass rate on the same tasks
-   (95% bootstrap interval over tasks); held-out strict accuracy and turn pass rate per arm (each task
+   (95% bootstrap interval over tasks); Fisher's exact test, trajectories counted as independent, between a run's
+   quarters, between each quarter and the base model's samples, and between the arms' quarters pooled over the
+   seeds both have trained; held-out strict accuracy and turn pass rate per arm (each task
    averaged over seeds, 95% bootstrap interval over tasks) and the paired differences between arms; a figure
    (OUT/cpu-experiment.png) and RECORDS/summary.json.
 
@@ -100,6 +102,32 @@ def sign_test(differences: list[float]) -> float:
     return min(1.0, 2 * tail)
 
 
+def fisher_exact(passed_a: int, total_a: int, passed_b: int, total_b: int) -> float:
+    """Fisher's exact test, two-sided: the chance, with both totals and the total passed fixed, of a split at most
+    as likely as this one if both counts came from the same pass rate (trajectories counted as independent)."""
+    passed, total = passed_a + passed_b, total_a + total_b
+
+    def chance(k: int) -> float:  # hypergeometric: k of the passes fall in a
+        return math.comb(total_a, k) * math.comb(total_b, passed - k) / math.comb(total, passed)
+
+    observed = chance(passed_a)
+    splits = range(max(0, passed - total_b), min(total_a, passed) + 1)
+    return min(1.0, sum(p for p in map(chance, splits) if p <= observed * (1 + 1e-7)))
+
+
+def quarter_counts(rewards: list[float], trajectories: list[int]) -> dict[str, list[int]]:
+    """Trajectories passed and played in the first and the last quarter of the steps (as ``quarters`` splits them):
+    {"first": [passed, played], "last": [passed, played]}. Rewards are 0 or 1, so a step's mean times its
+    trajectories is its count of passes."""
+    size = max(1, len(rewards) // 4)
+    steps = list(zip(rewards, trajectories))
+
+    def count(part: list[tuple[float, int]]) -> list[int]:
+        return [sum(round(reward * played) for reward, played in part), sum(played for _, played in part)]
+
+    return {"first": count(steps[:size]), "last": count(steps[-size:])}
+
+
 def paired_difference(a: dict[str, float], b: dict[str, float]) -> dict:
     """Mean of a - b over the tasks both hold, with its bootstrap interval over tasks and the sign test's p."""
     differences = [a[task] - b[task] for task in sorted(a) if task in b]
@@ -180,6 +208,7 @@ def training(run_dir: Path, first: int | None = None) -> dict:
     shares = [value for step, value in store.metrics("grpo/groups_with_signal") if step <= last]
     steps = [step for step in store.steps() if step["step"] <= last]
     return {"rewards": [step["reward_mean"] for step in steps],
+            "trajectories": [step["num_trajectories"] for step in steps],
             "minutes": sum(step["finished_at"] - step["started_at"] for step in steps if step["finished_at"]) / 60,
             "updated": sum(1 for step, skipped in store.metrics("grpo/update_skipped")
                            if step <= last and skipped == 0),
@@ -311,14 +340,26 @@ def summarize(frontier: list[str], runs: dict, scores: dict, base: dict | None =
         low, high = bootstrap_interval(list(base["by_task"].values()))
         summary["base_on_training_tasks"] = {**base, "mean": statistics.fmean(base["by_task"].values()), "low": low,
                                              "high": high}
+        base_counts = [round(sum(base["by_task"].values()) * base["samples"]), len(base["by_task"]) * base["samples"]]
     for arm, by_seed in runs.items():
         gains = []
         for run in by_seed.values():
             run["first_quarter"], run["last_quarter"] = quarters(run["rewards"])
             gains.append(run["last_quarter"] - run["first_quarter"])
+            counts = run["passed"] = quarter_counts(run["rewards"], run["trajectories"])
+            run["rise_p"] = fisher_exact(*counts["last"], *counts["first"])
+            if base:
+                run["against_base_p"] = {part: fisher_exact(*counts[part], *base_counts) for part in counts}
         low, high = bootstrap_interval(gains)
         summary["training"][arm] = {"seeds": by_seed, "gain": {"mean": statistics.fmean(gains), "low": low,
                                                                "high": high}}
+    # the seeds both arms have trained, pooled: for a seed both arms draw the same tasks in the same order
+    seeds = sorted(set(runs.get("SEAL", {})) & set(runs.get("vanilla GRPO", {})))
+    if seeds:
+        pooled = {arm: {part: [sum(runs[arm][seed]["passed"][part][i] for seed in seeds) for i in (0, 1)]
+                        for part in ("first", "last")} for arm in ("SEAL", "vanilla GRPO")}
+        summary["seal_against_vanilla"] = {"seeds": seeds, "passed": pooled, "p": {
+            part: fisher_exact(*pooled["SEAL"][part], *pooled["vanilla GRPO"][part]) for part in ("first", "last")}}
     for view, by_arm in scores.items():
         table = summary["held_out"][view] = {"arms": {}, "differences": {}}
         per_task = {}
@@ -345,17 +386,30 @@ def _interval(stat: dict, scale: float = 100, digits: int = 1) -> str:
 
 def print_tables(summary: dict) -> None:
     print(f"\nfrontier: {len(summary['frontier'])} training tasks")
-    print("\n| arm | seed | reward per step | first quarter | last quarter | steps with an update | minutes of steps |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| arm | seed | reward per step | first quarter | last quarter | passed, first -> last (Fisher p) "
+          "| steps with an update | minutes of steps |")
+    print("|---|---|---|---|---|---|---|---|")
     for arm, record in summary["training"].items():
         for seed, run in record["seeds"].items():
             rewards = " ".join(f"{reward:.2f}" for reward in run["rewards"])
+            (first, played), (last, _) = run["passed"]["first"], run["passed"]["last"]
             print(f"| {arm} | {seed} | {rewards} | {run['first_quarter']:.2f} | {run['last_quarter']:.2f} | "
-                  f"{run['updated']} of {len(run['rewards'])} | {run.get('minutes', float('nan')):.0f} |")
+                  f"{first} -> {last} of {played} ({run['rise_p']:.1g}) | {run['updated']} of {len(run['rewards'])} "
+                  f"| {run.get('minutes', float('nan')):.0f} |")
     if "base_on_training_tasks" in summary:
         base = summary["base_on_training_tasks"]
         print(f"\nbase model on these tasks, {base['samples']} fresh samples a task (seed {base['seed']}): pass rate "
               f"{_interval(base, scale=1, digits=2)} (95% bootstrap interval over tasks)")
+        print("Fisher p of each run's quarters against these samples: "
+              + "; ".join(f"{arm} {seed}: first {run['against_base_p']['first']:.2g}, "
+                          f"last {run['against_base_p']['last']:.2g}"
+                          for arm, record in summary["training"].items() for seed, run in record["seeds"].items()))
+    if "seal_against_vanilla" in summary:
+        versus = summary["seal_against_vanilla"]
+        print(f"\nSEAL against vanilla GRPO, seeds {', '.join(map(str, versus['seeds']))} pooled: "
+              + "; ".join(f"{part} quarter {versus['passed']['SEAL'][part][0]} against "
+                          f"{versus['passed']['vanilla GRPO'][part][0]} of {versus['passed']['SEAL'][part][1]} "
+                          f"(Fisher p = {versus['p'][part]:.2g})" for part in ("first", "last")))
     print("\n| arm | seeds | first quarter | last quarter | gain, last - first (mean [95% bootstrap over seeds]) |")
     print("|---|---|---|---|---|")
     for arm, record in summary["training"].items():

@@ -190,17 +190,29 @@ def test_the_cpu_experiments_intervals_and_summary(tmp_path):
     assert experiment.sign_test([1.0] * 4 + [0.0] * 12) == 0.125  # 4 of 16 against 0 of 16: not told apart
     assert experiment.sign_test([1.0] * 6 + [-0.5]) == pytest.approx(16 / 128)
     assert experiment.sign_test([1.0] * 6) < 0.05 and experiment.sign_test([]) == 1.0
+    assert experiment.fisher_exact(3, 4, 1, 4) == pytest.approx(34 / 70)  # Fisher's tea tasting, two-sided
+    assert experiment.fisher_exact(36, 40, 14, 40) == pytest.approx(5.06e-7, rel=1e-2)
+    assert experiment.fisher_exact(5, 10, 5, 10) == 1.0 and experiment.fisher_exact(0, 8, 0, 8) == 1.0
+    assert experiment.quarter_counts([0.5, 0.25, 0.75, 1.0], [8, 8, 4, 4]) == {"first": [4, 8], "last": [4, 4]}
     few = experiment.paired_difference({t: float(t in tasks[:4]) for t in tasks[:16]}, {t: 0.0 for t in tasks[:16]})
     assert few["low"] > 0 and few["sign_p"] == 0.125 and not experiment.distinguishable(few)
-    runs = {arm: {seed: {"rewards": [0.1 * seed, 0.2, 0.3, gain + 0.1 * seed], "updated": 3, "signal_share": 0.5}
-                  for seed in range(3)} for arm, gain in (("vanilla GRPO", 0.3), ("SEAL", 0.6))}
+    runs = {arm: {seed: {"rewards": [0.125 * seed, 0.25, 0.375, gain + 0.125 * seed], "trajectories": [8] * 4,
+                         "updated": 3, "signal_share": 0.5}
+                  for seed in range(3)} for arm, gain in (("vanilla GRPO", 0.375), ("SEAL", 0.625))}
     scores = {"official": {"base": [base], "vanilla GRPO": [base, base, base], "SEAL": [better, better, base]}}
     base = {"by_task": {"multi_turn_base_0": 1.0, "multi_turn_base_1": 0.25, "multi_turn_base_2": 0.0,
                         "multi_turn_base_3": 0.25}, "samples": 8, "seed": 100}
     summary = experiment.summarize(tasks[:4], runs, scores, base)
     on_training = summary["base_on_training_tasks"]
     assert on_training["mean"] == 0.375 and on_training["low"] < 0.375 < on_training["high"] <= 1.0
-    assert summary["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.6)
+    assert summary["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.625)
+    seal_seed2 = summary["training"]["SEAL"]["seeds"][2]
+    assert seal_seed2["passed"] == {"first": [2, 8], "last": [7, 8]} and seal_seed2["rise_p"] < 0.05
+    assert seal_seed2["against_base_p"]["first"] == experiment.fisher_exact(2, 8, 12, 32)
+    versus = summary["seal_against_vanilla"]  # last quarters pooled over seeds 0-2: 5+6+7 against 3+4+5 of 24
+    assert versus["seeds"] == [0, 1, 2] and versus["passed"]["SEAL"]["last"] == [18, 24]
+    assert versus["passed"]["vanilla GRPO"]["last"] == [12, 24] and versus["passed"]["SEAL"]["first"] == [3, 24]
+    assert versus["p"]["last"] == experiment.fisher_exact(18, 24, 12, 24)
     arms = summary["held_out"]["official"]["arms"]
     assert arms["SEAL"]["accuracy"]["mean"] == pytest.approx(10 / 30 * 2 / 3) and arms["base"]["accuracy"]["mean"] == 0
     difference = summary["held_out"]["official"]["differences"]["SEAL - vanilla GRPO"]["accuracy"]
@@ -209,7 +221,7 @@ def test_the_cpu_experiments_intervals_and_summary(tmp_path):
     experiment.draw(summary, tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
     training_only = experiment.summarize(tasks[:4], runs, {})  # --summary-only before any evaluation
-    assert training_only["held_out"] == {} and training_only["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.6)
+    assert training_only["held_out"] == {} and training_only["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.625)
     experiment.draw(training_only, tmp_path / "training.png")
     assert (tmp_path / "training.png").stat().st_size > 10_000
 
@@ -226,7 +238,8 @@ def test_the_cpu_experiment_tabulates_its_committed_records(tmp_path):
     records = experiment.Records(tmp_path / "records")
     for name, arm, solved in (("vanilla-seed0", "vanilla GRPO", 0.0), ("seal-seed0", "SEAL", 1.0)):
         records.put(name, {"arm": arm, "seed": 0, "training": {"rewards": [0.25, 0.5, 0.75, solved],
-                                                               "updated": 4, "minutes": 9.0, "signal_share": 0.5},
+                                                               "trajectories": [4] * 4, "updated": 4, "minutes": 9.0,
+                                                               "signal_share": 0.5},
                            "held_out": {"official": {task: {"accuracy": solved, "turn_pass_rate": solved}
                                                      for task in held_out}}})
     records.put("base", {"resample": {"by_task": {"multi_turn_base_19": 0.5}, "samples": 8, "seed": 100},
@@ -243,7 +256,8 @@ def test_the_cpu_experiment_tabulates_its_committed_records(tmp_path):
     assert list(arms) == ["base", "vanilla GRPO", "SEAL"] and arms["SEAL"]["accuracy"]["mean"] == 1.0
     assert arms["base"]["turn_pass_rate"]["mean"] == 0.5
     assert summary["base_on_training_tasks"]["mean"] == 0.5
-    assert "| SEAL | 0 | 0.25 0.50 0.75 1.00 |" in done.stdout
+    assert "| SEAL | 0 | 0.25 0.50 0.75 1.00 | 0.25 | 1.00 | 1 -> 4 of 4 (0.1) |" in done.stdout
+    assert "SEAL against vanilla GRPO, seeds 0 pooled: first quarter 1 against 1 of 4" in done.stdout
     assert (tmp_path / "out" / "cpu-experiment.png").stat().st_size > 10_000
 
 
