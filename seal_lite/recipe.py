@@ -181,7 +181,7 @@ class DiagnoserConfig(_Section):
         "url (an OpenAI-compatible server you run, see diagnoser.url).",
     )
     model: str = Field(
-        "smollm2-135m",
+        "qwen2.5-coder-0.5b",  # SmolLM2-135M's explanations often ramble (docs/diagnoser_samples.md)
         description="GGUF of the diagnoser: a registry name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
         "shipped in pip packages) or a path to a .gguf file.",
     )

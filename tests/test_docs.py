@@ -225,7 +225,8 @@ def tour_lines() -> list[str]:
 @pytest.mark.slow
 def test_the_readme_tour_runs_as_printed_and_prints_what_the_store_holds(tmp_path):
     """Each tour command, word for word, on a small real run in runs/quickstart (SmolLM2 from its pip GGUF, real
-    BFCL, a real TRL step); the run's summary must match its seal.db, and eval stores what it printed.
+    BFCL, a real TRL step, the default diagnoser Qwen2.5-Coder-0.5B explaining the failed turn); the run's summary
+    must match its seal.db, and eval stores what it printed.
 
     The run itself is the quickstart with smaller budgets and the README's trajectory's task, so the printed
     `--trajectory` id exists; `seal-lite eval` then inherits those budgets from the run's recipe."""
@@ -250,6 +251,8 @@ def test_the_readme_tour_runs_as_printed_and_prints_what_the_store_holds(tmp_pat
     summary = seal_lite(["run", *[word for setting in settings for word in ("--set", setting)]]).stdout
     out = tmp_path / "runs" / "quickstart"
     check_summary_against_store(summary, out, cwd=tmp_path)
+    answered = list(sqlite_utils.Database(out / "seal.db")["diagnoses"].rows_where("status = 'ok'"))
+    assert len(answered) == 1 and answered[0]["model"].startswith("qwen2.5-coder-0.5b")
     outputs = {line: seal_lite(shlex.split(line)[1:]).stdout for line in lines if line != "seal-lite run"}
     assert trajectory in outputs[next(line for line in lines if "--trajectory" in line)]
     assert (out / "report" / "report.html").is_file()
