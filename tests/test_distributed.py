@@ -175,7 +175,9 @@ def test_two_processes_record_the_one_process_run_and_train_one_lora(setup, one_
 @pytest.mark.slow
 def test_a_killed_rank_stops_the_run_and_the_same_command_resumes_it(setup, one_process):
     out = setup / "killed"
-    diagnoser = ("--set", "diagnoser.mode=in_process", "--set", "diagnoser.max_per_step=1",
+    # SmolLM2, not the default Qwen: this tests where the diagnoser runs, and the smaller model is cheaper
+    diagnoser = ("--set", "diagnoser.mode=in_process", "--set", "diagnoser.model=smollm2-135m",
+                 "--set", "diagnoser.max_per_step=1",
                  "--set", "diagnoser.max_tokens=32", "--set", "diagnoser.n_threads=1",
                  "--set", "diagnoser.timeout_s=3600")
     killed = _seal_lite(setup, out, 2, *diagnoser, kill=[1, 2])  # rank 1 dies in step 2's rollouts
