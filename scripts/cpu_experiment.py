@@ -77,10 +77,16 @@ def bootstrap_interval(values: list[float], level: float = 0.95, resamples: int 
     return means[int(tail * resamples)], means[min(resamples - 1, int((1 - tail) * resamples))]
 
 
+def quarter_split(values: list) -> tuple[list, list]:
+    """The first and the last quarter of a run's per-step values (at least one step each)."""
+    size = max(1, len(values) // 4)
+    return values[:size], values[-size:]
+
+
 def quarters(rewards: list[float]) -> tuple[float, float]:
-    """Mean reward of the first and of the last quarter of the steps (at least one step each)."""
-    size = max(1, len(rewards) // 4)
-    return statistics.fmean(rewards[:size]), statistics.fmean(rewards[-size:])
+    """Mean reward of the first and of the last quarter of the steps."""
+    first, last = quarter_split(rewards)
+    return statistics.fmean(first), statistics.fmean(last)
 
 
 def per_task_means(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -116,16 +122,15 @@ def fisher_exact(passed_a: int, total_a: int, passed_b: int, total_b: int) -> fl
 
 
 def quarter_counts(rewards: list[float], trajectories: list[int]) -> dict[str, list[int]]:
-    """Trajectories passed and played in the first and the last quarter of the steps (as ``quarters`` splits them):
+    """Trajectories passed and played in the first and the last quarter of the steps:
     {"first": [passed, played], "last": [passed, played]}. Rewards are 0 or 1, so a step's mean times its
     trajectories is its count of passes."""
-    size = max(1, len(rewards) // 4)
-    steps = list(zip(rewards, trajectories))
 
     def count(part: list[tuple[float, int]]) -> list[int]:
         return [sum(round(reward * played) for reward, played in part), sum(played for _, played in part)]
 
-    return {"first": count(steps[:size]), "last": count(steps[-size:])}
+    first, last = quarter_split(list(zip(rewards, trajectories)))
+    return {"first": count(first), "last": count(last)}
 
 
 def paired_difference(a: dict[str, float], b: dict[str, float]) -> dict:
