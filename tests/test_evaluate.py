@@ -31,32 +31,29 @@ def test_ground_truth_scores_full_marks_under_the_plain_interface(smol_tokenizer
     assert table["mean"] == {"tasks": 3, "accuracy": 0.75, "turn_pass_rate": 0.75}  # over categories, not tasks
 
 
-def test_eval_command_is_greedy_and_repeatable(tmp_path):
+def test_eval_command_is_greedy_repeatable_and_marks_the_signatures_view(tmp_path):
+    """Two runs under the official view give the same result (the recipe's training tool format does not reach
+    evaluation); a third with --view signatures says, and stores, that it is not the BFCL view."""
+    command = [sys.executable, "-m", "seal_lite", "eval", "smollm2-135m", "--split", "multi_turn_base_1",
+               "--set", "rollout.max_turns=2", "--set", "interface.tool_format=signatures"]
     outputs = []
     for attempt in range(2):
         path = tmp_path / f"eval{attempt}.json"
-        command = [sys.executable, "-m", "seal_lite", "eval", "smollm2-135m", "--split", "multi_turn_base_1",
-                   "--set", "rollout.max_turns=2", "--json", str(path)]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+        result = subprocess.run(command + ["--json", str(path)], capture_output=True, text=True, timeout=1800,
+                                check=False)
         assert result.returncode == 0, result.stderr[-2000:]
-        assert "official verdict accuracy" in result.stdout
+        assert "official verdict accuracy" in result.stdout and "not the BFCL view" not in result.stderr
         outputs.append(json.loads(path.read_text()))
     assert outputs[0] == outputs[1]
+    assert list(outputs[0]["summary"]) == ["base"]
     [task] = outputs[0]["tasks"]["base"]
     assert task["task_id"] == "multi_turn_base_1" and task["turns"] == 2 and len(task["labels"]) == 2
     assert outputs[0]["summary"]["base"]["mean"]["tasks"] == 1
 
-
-def test_the_signatures_view_is_only_used_when_asked_and_is_marked(tmp_path):
-    path = tmp_path / "eval.json"
-    command = [sys.executable, "-m", "seal_lite", "eval", "smollm2-135m", "--split", "multi_turn_base_1",
-               "--set", "rollout.max_turns=1", "--set", "rollout.max_model_calls=2",
-               "--set", "interface.tool_format=signatures", "--json", str(path)]
-    official = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
-    assert official.returncode == 0, official.stderr[-2000:]
-    assert list(json.loads(path.read_text())["summary"]) == ["base"]  # the recipe's tool format does not reach eval
-    marked = subprocess.run(command + ["--view", "signatures"], capture_output=True, text=True, timeout=1800,
-                            check=False)
+    path = tmp_path / "signatures.json"
+    marked = subprocess.run(command + ["--set", "rollout.max_turns=1", "--set", "rollout.max_model_calls=2",
+                                       "--view", "signatures", "--json", str(path)],
+                            capture_output=True, text=True, timeout=1800, check=False)
     assert marked.returncode == 0, marked.stderr[-2000:]
     assert "not the BFCL view" in marked.stderr  # and in the stored label below (the table may abbreviate it)
     assert list(json.loads(path.read_text())["summary"]) == ["base [signatures view: not the BFCL view]"]
