@@ -3,6 +3,8 @@
 A GGUF is converted once into a plain safetensors model directory (``~/.cache/seal-lite/models`` or
 ``$SEAL_LITE_CACHE``): transformers can read GGUF, but it marks the result as quantized and trainers refuse
 it, so we de-quantize, clear the quantizer flags and save. Later runs load the cached directory directly.
+Several processes may fill the cache at once (the ranks of a run, parallel tests): each file is written under a
+lock by one of them while the others wait, then read.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,12 @@ def gguf_path(name: str) -> Path:
     if len(parts) == 1:
         return parts[0]
     target = assembled_gguf(name)
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{target}.lock"):
+        if target.exists():  # another process assembled it while we waited
+            return target
         partial = target.with_suffix(".partial")
         with open(partial, "wb") as out:
             for part in parts:
@@ -150,6 +158,14 @@ def convert_gguf(gguf: Path, label: str) -> Path:
     target = converted_dir(gguf, label)
     if (target / "config.json").exists():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{target}.lock"):
+        if not (target / "config.json").exists():  # another process may have converted it while we waited
+            _convert(gguf, target)
+    return target
+
+
+def _convert(gguf: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -168,7 +184,6 @@ def convert_gguf(gguf: Path, label: str) -> Path:
     tokenizer.save_pretrained(partial)
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
-    return target
 
 
 def _fix_chat_stop_token(tokenizer, model) -> None:

@@ -26,3 +26,26 @@ def test_local_directory_and_hub_id_pass_through(tmp_path):
 def test_unusable_sources_say_how_to_fix(spec, message):
     with pytest.raises(ModelSourceError, match=message):
         resolve_model(spec)
+
+
+def test_two_workers_filling_an_empty_cache_at_once_convert_once(monkeypatch, tmp_path):
+    """Parallel tests or a run's ranks may resolve the same model into an empty cache together: one converts under
+    the cache's file lock, the other waits and reads its directory. (The conversion itself is the test above; here
+    it is a slow stand-in, so that without the lock both workers would convert.)"""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from seal_lite import models
+
+    def slow_conversion(gguf, target):
+        conversions.append(target)
+        time.sleep(0.5)
+        target.mkdir()
+        (target / "config.json").write_text("{}")
+
+    monkeypatch.setenv("SEAL_LITE_CACHE", str(tmp_path))
+    monkeypatch.setattr(models, "_convert", slow_conversion)
+    conversions = []
+    with ThreadPoolExecutor(2) as pool:
+        (path,) = set(pool.map(lambda _: resolve_model("smollm2-135m"), range(2)))
+    assert conversions == [Path(path)]
