@@ -143,13 +143,15 @@ def test_no_orphan_server_after_ctrl_c_or_kill(tmp_path, how):
         from seal_lite.recipe import DiagnoserConfig
         with Diagnoser(DiagnoserConfig(mode="server", n_threads=1), {SMOL!r}) as diagnoser:
             print(diagnoser.server.process.pid, flush=True)
-            time.sleep(120)
+            for _ in range(1200):  # short sleeps: a signal taken by another thread still stops the main one
+                time.sleep(0.1)
     """)
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     server_pid = int(parent.stdout.readline())  # ready: the server answers
     server = _exit_event(server_pid)
     parent.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
     parent.wait(timeout=HANG_GUARD_S)  # Ctrl-C: the parent stops its server, then exits
+    assert parent.returncode != 0  # the signal ended it, not the end of its sleep
     server.wait()  # kill -9: the server got SIGTERM from the kernel when its parent died, and shuts down
     assert not _running(server_pid)
 
