@@ -12,8 +12,8 @@ from seal_lite.envs.calls import parse_calls
 
 def pytest_configure(config):
     """Under pytest-xdist (`-n`, set in pyproject.toml) each worker gets its own share of the cores before torch or
-    llama.cpp start: both size their thread pools from the affinity, and two workers each spinning as many threads
-    as there are cores run far slower than two workers on one core each."""
+    llama.cpp start. Both size their thread pools from the affinity, so the workers together start one thread per
+    core instead of each starting one per core."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if worker and count > 1 and hasattr(os, "sched_setaffinity"):
         cores = sorted(os.sched_getaffinity(0))

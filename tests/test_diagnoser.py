@@ -143,7 +143,7 @@ def test_no_orphan_server_after_ctrl_c_or_kill(tmp_path, how):
         from seal_lite.recipe import DiagnoserConfig
         with Diagnoser(DiagnoserConfig(mode="server", n_threads=1), {SMOL!r}) as diagnoser:
             print(diagnoser.server.process.pid, flush=True)
-            for _ in range(1200):  # short sleeps: a signal taken by another thread still stops the main one
+            for _ in range(1200):  # short sleeps: Python acts on a Ctrl-C between them
                 time.sleep(0.1)
     """)
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
