@@ -17,7 +17,7 @@ def pytest_configure(config):
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if worker and count > 1 and hasattr(os, "sched_setaffinity"):
         cores = sorted(os.sched_getaffinity(0))
-        share = cores[int(worker.removeprefix("gw")) % len(cores)::count] or cores
+        share = cores[int(worker.removeprefix("gw")) % len(cores)::count]  # never empty: the start is a valid index
         os.sched_setaffinity(0, share)
 
 
