@@ -333,3 +333,35 @@ def test_micro_batch_size_defaults_to_one_group_and_must_divide_the_mini_batch()
         load_recipe(None, base | {"grpo.micro_batch_size": 3})
     with pytest.raises(RecipeError, match="bnpo's token mean is taken per micro-batch"):
         load_recipe(None, base | {"grpo.loss_type": "bnpo", "grpo.micro_batch_size": 1})
+
+
+def test_a_run_resumed_in_a_later_epoch_draws_the_uninterrupted_runs_tasks(tmp_path, tiny_model_dir):
+    """An epoch is one pass over the training tasks, in an order drawn from the recipe's seed. TRL's sampler draws
+    epoch k's order as the k-th permutation of one seeded generator, so a run resumed in epoch k > 0 (a new
+    trainer) drew epoch 0's order again; transformers calls ``set_epoch`` before each epoch, which now reseeds.
+    Resumed within an epoch, transformers skips the batches already trained (accelerate's skip_first_batches)."""
+    from accelerate import skip_first_batches
+
+    task_ids = [f"multi_turn_base_{i}" for i in range(6)]
+    recipe = load_recipe(None, {
+        "policy.model": tiny_model_dir, "policy.dtype": "float32", "diagnoser.mode": "off", "seed": 1,
+        "data.task_ids": task_ids, "grpo.tasks_per_step": 2, "rollout.num_generations": 2, "grpo.steps": 12,
+    })
+
+    def rows(epochs, name, skip=0):  # each epoch's rows (task ids), as a new trainer's transformers loop draws them
+        trainer = grpo.build_trainer(load_policy(tiny_model_dir, recipe), recipe, task_ids, None, str(tmp_path / name))
+        loader = trainer.get_train_dataloader()
+        drawn = []
+        for epoch in epochs:
+            epoch_loader = skip_first_batches(loader, skip) if skip and epoch == epochs[0] else loader
+            epoch_loader.set_epoch(epoch)
+            drawn.append([row["prompt"] for batch in epoch_loader for row in batch])
+        return drawn, loader.total_batch_size
+
+    uninterrupted, batch = rows(range(4), "uninterrupted")
+    orders = [list(dict.fromkeys(epoch)) for epoch in uninterrupted]  # each task's rows are repeated G x ...
+    assert all(sorted(order) == task_ids for order in orders)
+    assert orders[0] not in orders[1:]  # so a resumed run that drew epoch 0's order again fails this test
+    assert rows([1, 2], "resumed-1")[0] == uninterrupted[1:3]
+    assert rows([3], "resumed-3")[0] == uninterrupted[3:]
+    assert rows([2, 3], "resumed-mid-2", skip=3)[0] == [uninterrupted[2][3 * batch:], uninterrupted[3]]

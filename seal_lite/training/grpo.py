@@ -43,7 +43,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experi
 from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import split_tensor_dict
+from trl.trainer.utils import RepeatSampler, split_tensor_dict
 
 from seal_lite import distributed
 from seal_lite.recipe import Recipe
@@ -115,6 +115,11 @@ class SealGRPOTrainer(GRPOTrainer):
     _precomputed: tuple | None = None  # log-probs compute_loss already scored for the engine comparison
     _engine_gaps: list | None = None  # on-policy engine comparison: gaps of the rows compared so far, and
     _engine_rows_left: int = 0  # the rollout batch's rows not yet compared
+
+    def _get_train_sampler(self, dataset=None) -> ResumableRepeatSampler:
+        sampler = super()._get_train_sampler(dataset)
+        return ResumableRepeatSampler(sampler.data_source, sampler.mini_repeat_count, sampler.batch_size,
+                                      sampler.repeat_count, sampler.shuffle, sampler.seed)
 
     def _no_learning_signal(self) -> bool:
         """Every advantage of the step is 0, and the KL term is off or still at its minimum (the policy is the
@@ -238,6 +243,19 @@ class SealGRPOTrainer(GRPOTrainer):
             metrics["engine/logprob_gap_mean"].append(gap.mean().item())
             metrics["engine/logprob_gap_max"].append(gap.max().item())
             metrics["engine/filtered_share"].append((gap > self.max_logprob_gap).float().mean().item())
+
+
+class ResumableRepeatSampler(RepeatSampler):
+    """TRL's task sampler, whose order a resumed run repeats. TRL's draws epoch k's order as the k-th permutation
+    of one seeded generator, so a run resumed in epoch k > 0 (a fresh sampler) drew epoch 0's order again; here
+    ``set_epoch`` (transformers calls it before every epoch) reseeds and skips the k permutations before, so every
+    epoch's order is the uninterrupted run's."""
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.shuffle and self.seed is not None:
+            self.generator.manual_seed(self.seed)
+            for _ in range(epoch):
+                torch.randperm(self.num_samples, generator=self.generator)
 
 
 def shuffle_groups(batch: dict, group: int) -> dict:
