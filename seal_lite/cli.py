@@ -203,7 +203,10 @@ def screen(recipe, out, overrides, samples):
 @click.option("--backend", type=click.Choice(["peft", "peft-4bit"]), default="peft", show_default=True,
               help="Policy backend of the self-test: peft-4bit runs it on bitsandbytes NF4 layers (GPU, or CPU: "
               "several minutes there).")
-def doctor(as_json, model, no_self_test, backend):
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="Compute dtype of the self-test (auto: what a run would train in here; bf16 runs on any CPU, "
+              "emulated and slower where it lacks AVX512_BF16).")
+def doctor(as_json, model, no_self_test, backend, dtype):
     """What this machine can run: hardware, backends, models, and a masking self-test.
 
     The self-test rolls out a real BFCL task with the policy model inside the real trainer and checks that the
@@ -214,13 +217,13 @@ def doctor(as_json, model, no_self_test, backend):
     Examples:
       seal-lite doctor
       seal-lite doctor --json --no-self-test
-      seal-lite doctor --backend peft-4bit
+      seal-lite doctor --backend peft-4bit --dtype float32
     """
     import json
 
     from seal_lite.doctor import render_text, report
 
-    result = report(model, self_test=not no_self_test, backend=backend)
+    result = report(model, self_test=not no_self_test, backend=backend, dtype=dtype)
     click.echo(json.dumps(result, indent=2) if as_json else render_text(result))
     if not result["ok"]:
         sys.exit(1)

@@ -137,8 +137,12 @@ def test_a_dying_server_is_restarted_once_then_the_step_falls_back_to_rules():
 
 @pytest.mark.parametrize("how", ["sigint", "sigkill"])
 def test_no_orphan_server_after_ctrl_c_or_kill(tmp_path, how):
+    # A process started with SIGINT ignored (a non-interactive shell's background job; a test runner's worker)
+    # passes SIG_IGN on to its children, and Python then never raises KeyboardInterrupt: the child would sleep
+    # out its loop and exit 0. Restore Python's own handler first, so the test holds however its runner started.
     script = textwrap.dedent(f"""
-        import sys, time
+        import signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from seal_lite.diagnosis.diagnoser import Diagnoser
         from seal_lite.recipe import DiagnoserConfig
         with Diagnoser(DiagnoserConfig(mode="server", n_threads=1), {SMOL!r}) as diagnoser:

@@ -3,6 +3,7 @@
 bitsandbytes is in the test install (pyproject's test extra), so these run everywhere, GPU or not.
 """
 
+import pytest
 import torch
 from conftest import ScriptedGenerator, tool_call_text
 
@@ -11,7 +12,8 @@ from seal_lite.loop import SealStep
 from seal_lite.recipe import load_recipe
 from seal_lite.store import Store
 from seal_lite.training import grpo
-from seal_lite.training.policy import count_linear4bit, load_policy
+from seal_lite.training import policy as policy_module
+from seal_lite.training.policy import count_linear4bit, load_policy, packed_for_cpu_inference
 
 
 def _two_updates(tmp_path, model_dir, keep_fp32: bool):
@@ -62,7 +64,67 @@ def test_bf16_lora_loses_most_of_those_updates(tmp_path, tiny_model_dir):
     assert moved < total // 2
 
 
-def test_doctor_backend_peft_4bit_runs_the_self_test_and_a_grpo_step_on_nf4_layers(tiny_model_dir):
+@pytest.fixture(scope="module")
+def qwen2_shaped_dir(tmp_path_factory, smol_tokenizer):
+    """A random 2-layer Qwen2 (q/k/v with biases, every projection a multiple of 32 wide, as bitsandbytes' CPU
+    inference layout needs) with SmolLM2's tokenizer: the shape on which the repack broke training."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(smol_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                         eos_token_id=smol_tokenizer.eos_token_id, pad_token_id=smol_tokenizer.pad_token_id)
+    path = tmp_path_factory.mktemp("qwen2")
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    smol_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _eval_pass_then_update(model_dir: str, dtype: str):
+    """What a SEAL step does to the policy: sample in eval mode without grad, then train. Returns the policy,
+    the packed layers after the eval pass and the LoRA gradients of one backward."""
+    from peft import get_peft_model
+
+    from seal_lite.generation import eval_mode
+
+    policy = load_policy(model_dir, load_recipe(None, {"policy.backend": "peft-4bit", "policy.dtype": dtype}))
+    model = get_peft_model(policy.model, policy.peft_config)
+    policy_module.keep_trainable_fp32(model)
+    ids = torch.tensor([list(range(5, 37))])
+    with torch.no_grad(), eval_mode(model):
+        model(input_ids=ids)
+    packed = packed_for_cpu_inference(model)
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()
+    grads = [p.grad for name, p in model.named_parameters() if "lora_B" in name]
+    return policy, packed, grads
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_4bit_layers_stay_trainable_after_an_eval_pass_on_any_cpu(qwen2_shaped_dir, monkeypatch, dtype):
+    """bitsandbytes repacks NF4 weights for CPU inference in eval mode where it detects AVX512_BF16 (read once,
+    when a Linear4bit is built). Making it detect AVX512_BF16 on any CPU tests the guard everywhere: after an
+    eval-mode pass no layer is packed, and the update computes a gradient for every LoRA."""
+    import bitsandbytes.nn.modules
+
+    monkeypatch.setattr(bitsandbytes.nn.modules, "has_avx512bf16", lambda: True)
+    policy, packed, grads = _eval_pass_then_update(qwen2_shaped_dir, dtype)
+    assert count_linear4bit(policy.model) == 2 * 7 and packed == 0
+    assert all(grad is not None and float(grad.abs().max()) > 0 for grad in grads)
+
+
+@pytest.mark.skipif(not __import__("bitsandbytes").functional.has_avx512bf16(),
+                    reason="bitsandbytes repacks only on a CPU with AVX512_BF16 (its packed kernel needs it)")
+def test_without_the_guard_an_eval_pass_repacks_and_training_fails(qwen2_shaped_dir, monkeypatch):
+    """The counter-check, where bitsandbytes really repacks: without the guard the eval pass packs every layer
+    and the update that follows fails, as it did in the README's test command on such a CPU."""
+    monkeypatch.setattr(policy_module, "keep_4bit_layers_trainable", lambda model: 0)
+    with pytest.raises(RuntimeError):
+        _eval_pass_then_update(qwen2_shaped_dir, "bfloat16")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_doctor_backend_peft_4bit_runs_the_self_test_and_a_grpo_step_on_nf4_layers(tiny_model_dir, dtype):
     """`seal-lite doctor --backend peft-4bit` on a CPU: the masking self-test and its GRPO step on NF4 layers.
 
     On the tiny model: the same command on SmolLM2 (its default) passed on the 2-core AVX2 build machine with 210
@@ -74,10 +136,11 @@ def test_doctor_backend_peft_4bit_runs_the_self_test_and_a_grpo_step_on_nf4_laye
 
     from seal_lite.cli import main
 
-    result = CliRunner().invoke(main, ["doctor", "--json", "--backend", "peft-4bit", "--model", tiny_model_dir])
+    result = CliRunner().invoke(main, ["doctor", "--json", "--backend", "peft-4bit", "--dtype", dtype,
+                                       "--model", tiny_model_dir])
     assert result.exit_code == 0, result.output
     test = json.loads(result.output)["self_test"]
-    assert test["passed"] and test["message"] == "ok" and test["backend"] == "peft-4bit"
+    assert test["passed"] and test["message"] == "ok" and test["backend"] == "peft-4bit" and test["dtype"] == dtype
     assert test["linear4bit_layers"] == 2 * 7  # 2 decoder blocks of 7 projections
     assert test["trainable_dtypes"] == ["float32"] and test["lora_changed"] > 0
     assert test["max_env_grad"] == 0.0 and test["min_model_grad"] > 0

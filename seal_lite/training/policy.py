@@ -19,7 +19,9 @@ Departures from what the libraries do by default, each needed for correct traini
 * the checkpoint's sampling defaults (Qwen's repetition_penalty 1.05, top_k, top_p) are dropped: rollouts must
   sample from the policy's own distribution at the rollout temperature, the one the loss scores them with;
 * the pad token is never a token that ends a turn (Qwen pads with ``<|endoftext|>``, which it also emits):
-  Unsloth rebuilds attention masks from the pad id.
+  Unsloth rebuilds attention masks from the pad id;
+* 4-bit layers never take bitsandbytes' CPU inference layout (``keep_4bit_layers_trainable``): on a CPU with
+  AVX512_BF16 it repacks NF4 weights in eval mode, and training after that fails.
 
 ``choose_backend`` and ``cpu_native_bf16`` are pure, so the choices are tested without a GPU.
 """
@@ -124,6 +126,7 @@ def load_policy(model_dir: str, recipe: Recipe) -> Policy:
         policy = Policy(model, tokenizer, backend, reason, model.dtype, None, False, _unsloth_generation_mode)
     else:
         model, tokenizer = _load_transformers(model_dir, dtype, quantized=backend == "peft-4bit")
+        keep_4bit_layers_trainable(model)
         policy = Policy(model, tokenizer, backend, reason, dtype, lora_config(recipe), checkpointing, eval_mode)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.generation_config = sampling_free(base.generation_config)
@@ -266,11 +269,38 @@ def keep_trainable_fp32(model) -> int:
     return cast
 
 
+def keep_4bit_layers_trainable(model) -> int:
+    """Keep every bitsandbytes NF4 layer in its training layout; returns how many layers it guards.
+
+    bitsandbytes 0.50.2's ``Linear4bit.forward``, on a CPU where it detects AVX512_BF16, repacks the weight into a
+    CPU inference layout (``_convert_weight_packed_for_cpu``) the first time it runs in eval mode on an input
+    without grad, and nothing converts it back when training resumes. A policy samples its rollouts in eval mode
+    and then trains, so without this guard the update fails (``result += bias`` under autograd on q/k/v, or a
+    shape error in dequantization). Undoing the repack instead would not give back the same weights: the packed
+    layout keeps the block scales in bf16, and the inverse re-quantizes them (a "best-effort" inverse). Keeping
+    the training layout also means rollouts are sampled by the same kernel that scores them in the loss."""
+    guarded = 0
+    for module in model.modules():
+        if _is_bnb_linear4bit(module):
+            module.support_avx512bf16_for_cpu = False  # the only switch forward() reads before repacking
+            guarded += 1
+    return guarded
+
+
+def packed_for_cpu_inference(model) -> int:
+    """NF4 layers whose weight bitsandbytes has repacked into its CPU inference layout (0 for a trainable policy)."""
+    return sum(_is_bnb_linear4bit(module) and bool(getattr(module.weight.quant_state, "packing_format_for_cpu", False))
+               for module in model.modules())
+
+
+def _is_bnb_linear4bit(module) -> bool:
+    # bitsandbytes' class only: peft's LoRA wrapper around each of them is called Linear4bit too
+    return type(module).__name__ == "Linear4bit" and type(module).__module__.startswith("bitsandbytes")
+
+
 def count_linear4bit(model) -> int:
     """Layers that compute with bitsandbytes NF4 weights (0 for a model that is not 4-bit)."""
-    # bitsandbytes' class only: peft's LoRA wrapper around each of them is called Linear4bit too
-    return sum(type(module).__name__ == "Linear4bit" and type(module).__module__.startswith("bitsandbytes")
-               for module in model.modules())
+    return sum(_is_bnb_linear4bit(module) for module in model.modules())
 
 
 def _load_unsloth(model_dir: str, recipe: Recipe, checkpointing: bool):
