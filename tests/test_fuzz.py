@@ -19,12 +19,13 @@ from hypothesis import strategies as st
 
 from seal_lite.diagnosis.labels import BASE_UTILITY
 from seal_lite.diagnosis.verifier import diagnose_episode
-from seal_lite.envs.bfcl import Environment, TurnRecord, load_tasks
+from seal_lite.envs.bfcl import NO_SUCH_FUNCTION_CALL, Environment, TurnRecord, load_tasks
 from seal_lite.envs.calls import REJECTED, parse_calls
 
 EXAMPLES = int(os.environ.get("SEAL_LITE_FUZZ_EXAMPLES", "10000"))
 TASK = load_tasks(["multi_turn_miss_func_0"])[0].truncated(1)
 VISIBLE = {doc["name"] for doc in TASK.visible_functions(0)}
+ALL_METHODS = set(Environment(TASK)._methods)  # every tool of the task, visible or held out
 HIDDEN = {doc["name"] for docs in TASK.revealed.values() for doc in docs}
 API_SOURCE = str(Path(sys.modules[type(Environment(TASK).instances["GorillaFileSystem"]).__module__].__file__).parent)
 FORBIDDEN = {builtins.eval, builtins.exec, builtins.open, builtins.breakpoint, os.system, os.popen, subprocess.Popen}
@@ -134,8 +135,10 @@ def check_one_message(text, parser):
         if outcome.executed:  # what bfcl-eval's checker will evaluate: a literal-only call of a visible tool
             assert outcome.call.name in VISIBLE
             assert parse_calls(outcome.checker_call).calls == [outcome.call]
-        else:
-            assert outcome.checker_call is None and outcome.status in REJECTED
+        else:  # nothing, or for a function the task does not have the fixed placeholder: never the model's text
+            assert outcome.status in REJECTED
+            assert outcome.checker_call == (NO_SUCH_FUNCTION_CALL if not outcome.exists else None)
+            assert outcome.call is None or outcome.exists == (outcome.call.name in ALL_METHODS)
     record = TurnRecord(TASK.user_message(0), [outcomes] if outcomes else [])
     diagnosis = diagnose_episode(TASK, [record])
     assert len(diagnosis.labels) == 1 and diagnosis.labels[0] in BASE_UTILITY

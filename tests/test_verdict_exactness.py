@@ -5,9 +5,12 @@ For every mutant of the corpus (seal_lite/envs/mutations.py, built from the data
   official multi-turn checker run directly on the mutant's call strings;
 * the verdict read off the turn evidence alone equals it, and the first turn that fails carries the label
   that matches the official error type.
-As in the SEAL release's service (SEAL_METHOD.md §8), a call to a tool the turn does not show is rejected before
-execution and is not a decoded call: the checker never sees it. The ground truth of multi_turn_miss_func_49 makes
-such a call; there the comparison is with the official checker given the calls without it.
+As in the SEAL release's service (SEAL_METHOD.md §8), a call to a tool of the task that the turn does not show is
+rejected before execution and is not a decoded call: the checker never sees it. The ground truth of
+multi_turn_miss_func_49 makes such a call; there the comparison is with the official checker given the calls
+without it. A call to a function the task does not have (the unknown_function mutants) is not run either, but the
+checker is given it as bfcl-eval's is: a failed call, so the turn is not empty. Its label still counts accepted
+calls only: a turn whose only call names no function is empty_turn_model_response whatever the checker says.
 """
 
 import hashlib
@@ -39,12 +42,19 @@ def mutants(tasks):
     return corpus(list(tasks.values()))
 
 
+def task_functions(task) -> set[str]:
+    return {doc["name"] for doc in task.visible_functions(len(task.ground_truth))}
+
+
 def as_admitted(task, turns):
-    """The call strings as the official checker should see them once calls of hidden tools are rejected."""
+    """The call strings as the official checker should see them once calls of the task's hidden tools are
+    rejected (calls to functions the task does not have stay: the checker runs them as failed calls)."""
     admitted = []
     for index, calls in enumerate(turns):
         visible = {doc["name"] for doc in task.visible_functions(index)}
-        admitted.append([call for call in calls if parse_calls(call).calls[0].name in visible])
+        names = [parse_calls(call).calls[0].name for call in calls]
+        admitted.append([call for call, name in zip(calls, names)
+                         if name in visible or name not in task_functions(task)])
     return admitted
 
 
@@ -67,7 +77,7 @@ def test_corpus_is_large_varied_and_deterministic(mutants):
 
 
 def test_verdict_and_labels_agree_with_the_official_checker(tasks, mutants):
-    outcomes, disagreements = Counter(), []
+    outcomes, disagreements, unknown_valid = Counter(), [], 0
     for mutant in mutants:
         task = tasks[mutant.task_id]
         official = official_verdict(task, [[calls] if calls else [] for calls in as_admitted(task, mutant.turns)])
@@ -75,11 +85,15 @@ def test_verdict_and_labels_agree_with_the_official_checker(tasks, mutants):
         first_failing = next((turn for turn in diagnosis.turns if not passes_checker(turn.evidence)), None)
         derived_valid = first_failing is None
         expected_label = None if official["valid"] else OFFICIAL_ERROR_LABELS[official["error_type"]]
+        if first_failing and first_failing.evidence.decoded_calls == 0 and first_failing.evidence.failed_unknown_calls:
+            expected_label = "empty_turn_model_response"  # labels count accepted calls only (§8)
         if (diagnosis.valid != official["valid"] or derived_valid != official["valid"]
                 or (first_failing and first_failing.label != expected_label)):
             disagreements.append((mutant.id, official.get("error_type"), diagnosis.labels))
         outcomes[official["valid"]] += 1
+        unknown_valid += mutant.kind == "unknown_function" and official["valid"]
     assert disagreements == []
+    assert unknown_valid >= 3  # the case that once disagreed: a made-up call in a turn that changes nothing
     # the corpus exercises both verdicts in earnest
     assert outcomes[True] >= 200 and outcomes[False] >= 1000
 
@@ -100,7 +114,9 @@ def test_the_same_calls_sent_as_tool_call_blocks_score_alike_under_the_strict_pa
         for index, calls in enumerate(mutant.turns):
             visible = {doc["name"] for doc in task.visible_functions(index)}
             whole = all(call.name in visible for call in parsed[index])
-            admitted.append([calls] if calls and whole else [])
+            unknown = [text for text, call in zip(calls, parsed[index]) if call.name not in task_functions(task)]
+            # a message naming a hidden tool runs none of its calls; those naming no function reach the checker
+            admitted.append([calls] if calls and whole else [unknown] if unknown else [])
         if diagnosis.valid != official_verdict(task, admitted)["valid"]:
             disagreements.append(mutant.id)
         checked += 1

@@ -40,6 +40,8 @@ class TurnEvidence:
     gt_calls: int  # number of ground-truth calls in the turn
     model_calls: int  # calls the model attempted (parsed or not)
     decoded_calls: int  # accepted calls: parsed and visible this turn, run, and seen by the official checker
+    failed_unknown_calls: int = 0  # calls to functions the task does not have: never run, yet the checker sees
+    # them as failed calls (bfcl-eval's does); they count for the verdict, not for the label
     gt_error: str | None = None
     checker_error: str | None = None
     instances_match: bool = True
@@ -80,10 +82,11 @@ def label_turn(evidence: TurnEvidence) -> tuple[str, str | None]:
 def passes_checker(e: TurnEvidence) -> bool:
     """The official checker's per-turn test: a turn with ground truth needs a non-empty response, equal
     instance state and every ground-truth result among the model's results so far. Turns whose ground truth
-    is empty are not checked (the irrelevance check is separate). The verdict is: every turn passes."""
+    is empty are not checked (the irrelevance check is separate). The verdict is: every turn passes. A call to
+    a function the task does not have makes the response non-empty here, though not for ``label_turn``."""
     if e.gt_calls == 0:
         return True
-    return e.decoded_calls > 0 and e.instances_match and not e.checker_error and e.state_match and e.response_match
+    return e.decoded_calls + e.failed_unknown_calls > 0 and e.instances_match and not e.checker_error and e.state_match and e.response_match
 
 
 def failure_cause(e: TurnEvidence, label: str) -> str | None:

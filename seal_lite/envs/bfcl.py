@@ -41,6 +41,11 @@ from seal_lite.envs.calls import REJECTED, ToolCall, parse_calls
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 ERROR_PREFIX = "Error during execution:"
 INVALID_FORMAT = "[ERROR] Invalid tool call format:"  # the official service's reply to a rejected message
+# What the checker gets for a call naming a function that no class of the task has. bfcl-eval's checker, given
+# such a call, runs it as a failed call (its executor records "Error during execution: name ... is not
+# defined"): the turn is not empty, and nothing changes state. This constant is not a defined name, so the
+# checker does exactly that, and no model text (a name like "exit" or "open") ever reaches its eval.
+NO_SUCH_FUNCTION_CALL = "seal_lite_no_such_function()"
 
 
 @dataclass
@@ -162,6 +167,7 @@ class CallOutcome:
     result: str
     status: str  # "ok" | "tool_error" | "argument_error" | one of REJECTED
     canonical: str = ""  # the call as dispatched, in BFCL python form (tools may later mutate argument lists)
+    exists: bool = True  # the call names a method of the task's classes (visible this turn or not)
 
     @property
     def executed(self) -> bool:
@@ -174,10 +180,14 @@ class CallOutcome:
 
     @property
     def checker_call(self) -> str | None:
-        """The call string the official checker gets: the dispatched call, or None for a call that was rejected
-        (unparseable, or naming a tool the turn does not show). As in the SEAL release, a rejected call is not a
-        decoded call: the checker never sees it."""
-        return self.canonical if self.executed else None
+        """The call string the official checker gets: the dispatched call; NO_SUCH_FUNCTION_CALL for a call to a
+        function the task does not have, which bfcl-eval's checker would run as a failed call; None for a call
+        that was rejected otherwise (unparseable, or naming a tool of the task that this turn does not show:
+        bfcl-eval's executor would run that one, the environment does not). The verdict is the checker's on
+        these calls; labels count accepted calls only (``TurnEvidence.decoded_calls``), as in the SEAL release."""
+        if self.executed:
+            return self.canonical
+        return NO_SUCH_FUNCTION_CALL if self.status == "unknown_tool" and not self.exists else None
 
 
 def _new_instances(task: Task) -> dict[str, object]:
@@ -215,8 +225,8 @@ class Environment:
         hidden = [call for call in parsed.calls if not self._available(call.name, visible)]
         if parser == "strict" and hidden:
             message = _not_available(hidden[0].name)
-            return [CallOutcome(call, message, "unknown_tool" if call in hidden else "rejected")
-                    for call in parsed.calls]
+            return [CallOutcome(call, message, "unknown_tool" if call in hidden else "rejected",
+                                exists=call.name in self._methods) for call in parsed.calls]
         for call in parsed.calls:
             outcomes.append(self.execute(call, visible))
         return outcomes
@@ -226,7 +236,7 @@ class Environment:
 
     def execute(self, call: ToolCall, visible: set[str]) -> CallOutcome:
         if not self._available(call.name, visible):
-            return CallOutcome(call, _not_available(call.name), "unknown_tool")
+            return CallOutcome(call, _not_available(call.name), "unknown_tool", exists=call.name in self._methods)
         method = self._methods[call.name]
         try:  # bind first, so positional values get their parameter names in the canonical call
             bound = inspect.signature(method).bind(*call.positional, **call.arguments)
@@ -362,6 +372,7 @@ def turn_evidence(task: Task, turns: list[TurnRecord]) -> list[TurnEvidence]:
                 gt_calls=len(gt_calls),
                 model_calls=len(outcomes),
                 decoded_calls=sum(o.executed for o in outcomes),
+                failed_unknown_calls=sum(o.checker_call == NO_SUCH_FUNCTION_CALL for o in outcomes),
                 parse_errors=sum(o.status == "parse_error" for o in outcomes),
                 unknown_tools=sum(o.status in ("unknown_tool", "rejected") for o in outcomes),
                 argument_errors=sum(o.status == "argument_error" for o in outcomes),

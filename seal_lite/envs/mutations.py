@@ -1,8 +1,8 @@
 """A deterministic corpus of near-miss trajectories built from BFCL ground truth, to test verdict exactness.
 
 Each mutant is the ground-truth call list of one entry with one edit of a kind a policy makes: a dropped call,
-an emptied turn, an altered argument value, a duplicated call, two calls of a turn swapped, or a call inserted
-from another turn. Inserted calls use only tools visible at that turn (the environment refuses the others by
+an emptied turn, an altered argument value, a duplicated call, two calls of a turn swapped, a call inserted
+from another turn, or a call replaced by a call to a function the task does not have. Inserted calls use only tools visible at that turn (the environment refuses the others by
 design, where bfcl-eval's executor would run them). The same data always yields the same corpus: every random
 choice comes from a generator seeded with the entry id and the kind.
 
@@ -125,6 +125,19 @@ def insert_call(turns, task, rng):
     return turns
 
 
+def unknown_function(turns, task, rng):
+    """A call replaced by the same arguments sent to a function no class of the task has (a made-up name)."""
+    positions = _call_positions(turns)
+    if not positions:
+        return None
+    t, c = rng.choice(positions)
+    call = _parse(turns[t][c])
+    known = {doc["name"] for doc in task.visible_functions(len(task.ground_truth))}
+    name = next(f"{call.name}{suffix}" for suffix in ("_v2", "_tool", "_api") if f"{call.name}{suffix}" not in known)
+    turns[t][c] = ToolCall(name, call.arguments, call.positional).to_python()
+    return turns
+
+
 def _parse(text: str) -> ToolCall:
     (call,) = parse_calls(text).calls
     return call
@@ -137,4 +150,5 @@ KINDS: dict[str, Callable] = {
     "duplicate_call": duplicate_call,
     "swap_calls": swap_calls,
     "insert_call": insert_call,
+    "unknown_function": unknown_function,
 }
