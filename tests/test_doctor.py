@@ -7,6 +7,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import ScriptedGenerator, tool_call_text
 from packaging.requirements import Requirement
@@ -97,7 +98,8 @@ def test_masking_self_test_passes_on_smollm2(smol_dir):
     assert 0.0 < result.min_model_grad <= result.mean_model_grad
 
 
-def test_self_test_covers_tool_results_inside_completions(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_self_test_covers_tool_results_inside_completions(tiny_model_dir, monkeypatch, dtype):
     """A scripted policy that calls a tool: the tool result, too, sits between model tokens without loss."""
     task = load_tasks(["multi_turn_base_0"])[0]
     # the episodes differ after the tool result: with +1 and -1 advantages identical ones would cancel exactly
@@ -105,8 +107,9 @@ def test_self_test_covers_tool_results_inside_completions(tiny_model_dir, monkey
                [tool_call_text(task.ground_truth[0]), "Finished.", "Finished."]]
     monkeypatch.setattr(generation, "TransformersGenerator",
                         lambda model, tokenizer, mode: ScriptedGenerator(tokenizer, scripts))
-    result = selftest.masking_self_test(tiny_model_dir)
+    result = selftest.masking_self_test(tiny_model_dir, dtype=dtype)
     assert result.passed, result.message
+    assert result.dtype == dtype and result.trainable_dtypes == ["float32"]
     assert result.tool_results == 2 and result.max_env_grad == 0.0 and result.min_model_grad > 0
 
 
