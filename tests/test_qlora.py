@@ -118,7 +118,7 @@ def test_4bit_layers_stay_trainable_after_an_eval_pass_on_any_cpu(qwen2_shaped_d
 def test_without_the_guard_an_eval_pass_repacks_and_training_fails(qwen2_shaped_dir, monkeypatch):
     """The counter-check, where bitsandbytes really repacks: without the guard the eval pass packs every layer
     and the update that follows fails, as it did in the README's test command on such a CPU."""
-    monkeypatch.setattr(policy_module, "keep_4bit_layers_trainable", lambda model: 0)
+    monkeypatch.setattr(policy_module, "keep_4bit_layers_trainable", lambda model: None)
     with pytest.raises(RuntimeError):
         _eval_pass_then_update(qwen2_shaped_dir, "bfloat16")
 

@@ -49,12 +49,11 @@ def task_functions(task) -> set[str]:
 def as_admitted(task, turns):
     """The call strings as the official checker should see them once calls of the task's hidden tools are
     rejected (calls to functions the task does not have stay: the checker runs them as failed calls)."""
-    admitted = []
+    admitted, known = [], task_functions(task)
     for index, calls in enumerate(turns):
         visible = {doc["name"] for doc in task.visible_functions(index)}
         names = [parse_calls(call).calls[0].name for call in calls]
-        admitted.append([call for call, name in zip(calls, names)
-                         if name in visible or name not in task_functions(task)])
+        admitted.append([call for call, name in zip(calls, names) if name in visible or name not in known])
     return admitted
 
 
@@ -85,7 +84,8 @@ def test_verdict_and_labels_agree_with_the_official_checker(tasks, mutants):
         first_failing = next((turn for turn in diagnosis.turns if not passes_checker(turn.evidence)), None)
         derived_valid = first_failing is None
         expected_label = None if official["valid"] else OFFICIAL_ERROR_LABELS[official["error_type"]]
-        if first_failing and first_failing.evidence.decoded_calls == 0 and first_failing.evidence.failed_unknown_calls:
+        evidence = first_failing.evidence if first_failing else None
+        if evidence and evidence.decoded_calls == 0 and evidence.failed_unknown_calls:
             expected_label = "empty_turn_model_response"  # labels count accepted calls only (§8)
         if (diagnosis.valid != official["valid"] or derived_valid != official["valid"]
                 or (first_failing and first_failing.label != expected_label)):
@@ -110,11 +110,11 @@ def test_the_same_calls_sent_as_tool_call_blocks_score_alike_under_the_strict_pa
         messages = ["\n".join("<tool_call>" + json.dumps({"name": c.name, "arguments": c.arguments}) + "</tool_call>"
                               for c in calls) for calls in parsed]
         diagnosis = diagnose_episode(task, replay_calls(task, [[[m]] if m else [] for m in messages], "strict"))
-        admitted = []
+        admitted, known = [], task_functions(task)
         for index, calls in enumerate(mutant.turns):
             visible = {doc["name"] for doc in task.visible_functions(index)}
             whole = all(call.name in visible for call in parsed[index])
-            unknown = [text for text, call in zip(calls, parsed[index]) if call.name not in task_functions(task)]
+            unknown = [text for text, call in zip(calls, parsed[index]) if call.name not in known]
             # a message naming a hidden tool runs none of its calls; those naming no function reach the checker
             admitted.append([calls] if calls and whole else [unknown] if unknown else [])
         if diagnosis.valid != official_verdict(task, admitted)["valid"]:

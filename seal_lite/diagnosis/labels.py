@@ -86,7 +86,8 @@ def passes_checker(e: TurnEvidence) -> bool:
     a function the task does not have makes the response non-empty here, though not for ``label_turn``."""
     if e.gt_calls == 0:
         return True
-    return e.decoded_calls + e.failed_unknown_calls > 0 and e.instances_match and not e.checker_error and e.state_match and e.response_match
+    responded = e.decoded_calls + e.failed_unknown_calls > 0
+    return responded and e.instances_match and not e.checker_error and e.state_match and e.response_match
 
 
 def failure_cause(e: TurnEvidence, label: str) -> str | None:

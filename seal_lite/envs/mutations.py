@@ -2,8 +2,9 @@
 
 Each mutant is the ground-truth call list of one entry with one edit of a kind a policy makes: a dropped call,
 an emptied turn, an altered argument value, a duplicated call, two calls of a turn swapped, a call inserted
-from another turn, or a call replaced by a call to a function the task does not have. Inserted calls use only tools visible at that turn (the environment refuses the others by
-design, where bfcl-eval's executor would run them). The same data always yields the same corpus: every random
+from another turn, or a call replaced by a call to a function the task does not have. Inserted calls use only
+tools visible at that turn (the environment refuses the others by design, where bfcl-eval's executor would run
+them). The same data always yields the same corpus: every random
 choice comes from a generator seeded with the entry id and the kind.
 
     from seal_lite.envs.mutations import corpus

@@ -269,8 +269,8 @@ def keep_trainable_fp32(model) -> int:
     return cast
 
 
-def keep_4bit_layers_trainable(model) -> int:
-    """Keep every bitsandbytes NF4 layer in its training layout; returns how many layers it guards.
+def keep_4bit_layers_trainable(model) -> None:
+    """Keep every bitsandbytes NF4 layer in its training layout.
 
     bitsandbytes 0.50.2's ``Linear4bit.forward``, on a CPU where it detects AVX512_BF16, repacks the weight into a
     CPU inference layout (``_convert_weight_packed_for_cpu``) the first time it runs in eval mode on an input
@@ -279,12 +279,9 @@ def keep_4bit_layers_trainable(model) -> int:
     shape error in dequantization). Undoing the repack instead would not give back the same weights: the packed
     layout keeps the block scales in bf16, and the inverse re-quantizes them (a "best-effort" inverse). Keeping
     the training layout also means rollouts are sampled by the same kernel that scores them in the loss."""
-    guarded = 0
     for module in model.modules():
         if _is_bnb_linear4bit(module):
             module.support_avx512bf16_for_cpu = False  # the only switch forward() reads before repacking
-            guarded += 1
-    return guarded
 
 
 def packed_for_cpu_inference(model) -> int:
