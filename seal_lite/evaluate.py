@@ -113,16 +113,12 @@ def evaluation_engine(recipe: Recipe, adapter: Path | None, work_dir: Path):
     (seal_lite.runner.rollout_engine): llama.cpp on a CPU for a GGUF model, else transformers."""
     from seal_lite.models import resolve_model
     from seal_lite.runner import rollout_engine
-    from seal_lite.training.policy import load_policy
+    from seal_lite.training.policy import load_policy, with_adapter
 
     recipe = recipe.model_copy(update={"rollout": evaluation_rollout(recipe.rollout)})
     policy = load_policy(resolve_model(recipe.policy.model), recipe)
-    model = policy.model
-    if adapter is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(adapter))
-    with rollout_engine(recipe, model, policy.tokenizer, work_dir) as (generator, sync):
+    model = policy.model if adapter is None else with_adapter(policy.model, adapter)
+    with rollout_engine(recipe, model, policy.tokenizer, work_dir, policy.generation_mode) as (generator, sync):
         if adapter is not None:
             sync(0)  # llama.cpp: export the adapter and load it (transformers already runs the PeftModel)
         yield generator

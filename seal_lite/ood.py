@@ -137,16 +137,13 @@ def in_process_roles(recipe, adapter: Path | None, work_dir: Path):
 
 def export_adapter(policy_spec: str, adapter: Path, out: Path, recipe) -> str:
     """The run's PEFT adapter as a LoRA GGUF on top of the policy's GGUF (seal_lite/gguf_lora.py)."""
-    from peft import PeftModel
-
     from seal_lite.gguf_lora import export_lora_gguf
     from seal_lite.models import resolve_gguf, resolve_model
-    from seal_lite.training.policy import load_policy
+    from seal_lite.training.policy import load_policy, with_adapter
 
     base = resolve_gguf(policy_spec, "policy.model (τ² serves the policy with llama.cpp)")
     policy = load_policy(resolve_model(policy_spec), recipe)
-    peft_model = PeftModel.from_pretrained(policy.model, str(adapter))
-    return str(export_lora_gguf(peft_model, Path(base), out))
+    return str(export_lora_gguf(with_adapter(policy.model, adapter), Path(base), out))
 
 
 @dataclass

@@ -196,3 +196,67 @@ def test_the_checkpoints_sampling_defaults_are_dropped_but_its_stop_tokens_kept(
     assert config.eos_token_id == [2, 0]
     for name in ("repetition_penalty", "temperature", "top_k", "top_p", "no_repeat_ngram_size", "do_sample"):
         assert getattr(config, name) is None, name
+
+
+def _save_trained_adapter(model_dir, path, targets="all-linear") -> dict:
+    """A LoRA adapter as a run saves it, with non-zero B matrices (a trained one); returns its LoRA weights."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(1)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(r=4, target_modules=targets))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    model.save_pretrained(path)
+    return {name: parameter.detach().clone() for name, parameter in model.named_parameters() if "lora_" in name}
+
+
+def _with_lora_added_by_the_backend(monkeypatch):
+    """load_policy as on the unsloth backend: the model comes back a PeftModel with a fresh LoRA (B = 0), and
+    peft_config None. The same wrapping, with peft, on a CPU."""
+    from peft import LoraConfig, get_peft_model
+
+    from seal_lite.training import policy as policy_module
+
+    load = policy_module.load_policy
+
+    def load_with_lora(model_dir, recipe):
+        policy = load(model_dir, recipe)
+        policy.model = get_peft_model(policy.model, LoraConfig(r=4, target_modules="all-linear"))
+        policy.peft_config = None
+        return policy
+
+    monkeypatch.setattr(policy_module, "load_policy", load_with_lora)
+
+
+@cpu_only
+@pytest.mark.parametrize("lora_added_by_the_backend", [False, True], ids=["peft", "unsloth-like"])
+def test_evaluation_runs_the_trained_adapter_whoever_added_the_lora(tmp_path, tiny_model_dir, monkeypatch,
+                                                                    lora_added_by_the_backend):
+    """eval's loader (evaluate.evaluation_engine) on a model that is already a PeftModel: wrapping it a second
+    time, as PeftModel.from_pretrained does, loaded nothing and scored the base model as the trained one."""
+    from seal_lite.evaluate import evaluation_engine
+
+    trained = _save_trained_adapter(tiny_model_dir, tmp_path / "adapter")
+    if lora_added_by_the_backend:
+        _with_lora_added_by_the_backend(monkeypatch)
+    recipe = load_recipe(None, {"policy.model": tiny_model_dir, "policy.dtype": "float32"})
+    with evaluation_engine(recipe, tmp_path / "adapter", tmp_path / "work") as generator:
+        loaded = {name: parameter for name, parameter in generator.model.named_parameters() if "lora_" in name}
+    assert sorted(loaded) == sorted(trained)
+    assert all(torch.equal(loaded[name], weight) for name, weight in trained.items())
+
+
+@cpu_only
+def test_an_adapter_that_does_not_fit_the_policys_lora_is_an_error(tmp_path, tiny_model_dir, monkeypatch):
+    from seal_lite.evaluate import evaluation_engine
+    from seal_lite.training.policy import AdapterLoadError
+
+    _save_trained_adapter(tiny_model_dir, tmp_path / "adapter", targets=["q_proj"])  # the backend's LoRA has 7
+    _with_lora_added_by_the_backend(monkeypatch)
+    recipe = load_recipe(None, {"policy.model": tiny_model_dir, "policy.dtype": "float32"})
+    with pytest.raises(AdapterLoadError, match=r"24 LoRA weights missing.*same policy.model, lora_r and targets"):
+        with evaluation_engine(recipe, tmp_path / "adapter", tmp_path / "work"):
+            pass

@@ -48,6 +48,10 @@ class PolicyBackendError(RuntimeError):
     """The requested backend cannot run here; the message says why and what to use instead."""
 
 
+class AdapterLoadError(RuntimeError):
+    """A saved LoRA adapter does not fit the policy's LoRA: some weight would be left untrained."""
+
+
 def installed_backends() -> set[str]:
     """Which optional training libraries are importable (found without importing them: unsloth needs a GPU)."""
     return {name for name in ("unsloth", "bitsandbytes") if importlib.util.find_spec(name) is not None}
@@ -132,6 +136,28 @@ def load_policy(model_dir: str, recipe: Recipe) -> Policy:
     base.generation_config = sampling_free(base.generation_config)
     set_pad_token(tokenizer, base, stop_ids(tokenizer, base))
     return policy
+
+
+def with_adapter(model, adapter: str | Path):
+    """``model`` (a policy's) carrying the LoRA weights saved in ``adapter`` (a run's ``adapter/`` or checkpoint).
+
+    A backend that adds its own LoRA (Unsloth) returns a model that is already a PeftModel. Wrapping that in a
+    second PeftModel, as ``PeftModel.from_pretrained`` does, loads nothing (the saved keys do not match the doubly
+    prefixed ones; peft only warns), so an evaluation would score the base model as the trained one. The weights
+    are loaded into the existing adapter instead, and any LoRA weight of the model that the file lacks, or any
+    saved weight with no place in the model, is an error."""
+    from peft import PeftConfig, PeftModel, get_peft_model, load_peft_weights, set_peft_model_state_dict
+
+    if not isinstance(model, PeftModel):
+        model = get_peft_model(model, PeftConfig.from_pretrained(str(adapter)))
+    loaded = set_peft_model_state_dict(model, load_peft_weights(str(adapter), device="cpu"))
+    missing = [key for key in loaded.missing_keys if "lora_" in key]
+    if missing or loaded.unexpected_keys:
+        raise AdapterLoadError(
+            f"the adapter in {adapter} does not fit the policy's LoRA ({len(missing)} LoRA weights missing, e.g. "
+            f"{missing[:2]}; {len(loaded.unexpected_keys)} saved weights with no place, e.g. "
+            f"{loaded.unexpected_keys[:2]}): was it trained with the same policy.model, lora_r and targets?")
+    return model.eval()
 
 
 def sampling_free(generation_config):
