@@ -20,6 +20,7 @@ import dataclasses
 import importlib.metadata
 import os
 import platform
+import re
 import time
 from pathlib import Path
 
@@ -62,6 +63,7 @@ def hardware() -> dict:
         "torch": None,
         "torch_build": None,
         "cuda_available": False,
+        "nvidia_driver": None,
         "gpus": [],
         "notes": [],
     }
@@ -88,13 +90,46 @@ def hardware() -> dict:
             "compute_capability": f"{major}.{minor}",
             "bf16": major >= 8,  # native bf16 from Ampere on; torch.cuda.is_bf16_supported() also counts emulation
         })
-    if not info["cuda_available"] and Path("/proc/driver/nvidia/gpus").is_dir() and any(
+    info["nvidia_driver"] = nvidia_driver()
+    if (note := driver_note(torch.version.cuda, info["nvidia_driver"])) is not None:
+        info["notes"].append(note)
+    elif not info["cuda_available"] and Path("/proc/driver/nvidia/gpus").is_dir() and any(
             Path("/proc/driver/nvidia/gpus").iterdir()):
         info["notes"].append(f"an NVIDIA GPU is present but torch ({info['torch_build']} build) cannot use it: "
-                             "install torch 2.13.0 from PyTorch's CUDA wheel index")
+                             f"{CUDA12_TORCH}")
     if info["gpus"] and not all(gpu["bf16"] for gpu in info["gpus"]):
         info["notes"].append("a GPU without native bf16 (before Ampere): training runs in fp16")
     return info
+
+
+# The oldest Linux driver that runs a CUDA major release's builds (minor-version compatibility; NVIDIA's CUDA
+# compatibility guide). The PyPI torch 2.13.0 wheel is CUDA 13.0; PyTorch's cu126 index has a CUDA 12 build,
+# the only 2.13 build that also covers Pascal (P100, sm_60).
+MIN_DRIVER = {"12": "525.60.13", "13": "580.65.06"}
+CUDA12_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA kernel driver's version (/proc/driver/nvidia/version), None where there is none."""
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return None
+    found = re.search(r"Kernel Module(?: for \w+)?\s+(\d+(?:\.\d+)+)", text)
+    return found.group(1) if found else None
+
+
+def driver_note(torch_cuda: str | None, driver: str | None) -> str | None:
+    """Why torch's CUDA build cannot run on this driver, and the fix; None when it can (or either is unknown)."""
+    needed = MIN_DRIVER.get((torch_cuda or "").split(".")[0])
+    if needed is None or driver is None or _version_tuple(driver) >= _version_tuple(needed):
+        return None
+    return (f"torch's CUDA {torch_cuda} build needs NVIDIA driver {needed} or newer, and this one is {driver}: "
+            f"install a build for CUDA 12 ({CUDA12_TORCH}), or update the driver")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
 
 
 def _memory_bytes() -> tuple[int | None, int | None]:
@@ -201,11 +236,11 @@ def _cuda_visible() -> bool:
 
 
 def _training_backend(cuda: bool) -> dict:
-    """What ``policy.backend: auto`` and ``policy.dtype: auto`` pick here, and why (Unsloth is imported only where
-    auto would choose it: with a GPU)."""
+    """What ``policy.backend: auto`` and ``policy.dtype: auto`` pick here, and why. Unsloth's import is tried in a
+    child process (only where auto would choose it: with a GPU), so the self-test's trainer is not Unsloth-patched."""
     from seal_lite.training.policy import installed_backends, pick_dtype, resolve_backend
 
-    backend, reason = resolve_backend("auto", cuda, installed_backends())
+    backend, reason = resolve_backend("auto", cuda, installed_backends(), in_process=False)
     dtype, dtype_reason = pick_dtype("auto", cuda)
     return {"backend": backend, "reason": reason, "dtype": str(dtype).removeprefix("torch."),
             "dtype_reason": dtype_reason}
@@ -311,7 +346,7 @@ def render_text(report: dict, *, ascii: bool = False) -> str:
     else:
         item(no, "torch", "MISSING", "bash scripts/setup.sh")
     if hw["cuda_available"]:
-        item(yes, "CUDA", f"available, {len(hw['gpus'])} GPU(s)")
+        item(yes, "CUDA", f"available, {len(hw['gpus'])} GPU(s), NVIDIA driver {hw['nvidia_driver']}")
         for gpu in hw["gpus"]:
             item(yes, f"GPU {gpu['index']}", f"{gpu['name']}, {gpu['memory_gb']} GiB, compute "
                                              f"{gpu['compute_capability']}, bf16 {'yes' if gpu['bf16'] else 'no'}")

@@ -141,6 +141,10 @@ def policy_problems(policy) -> list[Problem]:
     elif policy.backend == "unsloth" and not _cuda_available():
         problems.append(("policy.backend", "unsloth", "Unsloth needs an NVIDIA GPU and torch sees none; use auto, "
                          "peft-4bit or peft"))
+    if policy.device == "gpu" and policy.backend != "unsloth" and not _cuda_available():
+        problems.append(("policy.device", "gpu", "this recipe needs an NVIDIA GPU and torch sees none (`seal-lite "
+                         "doctor` says why: no GPU, or a torch build the driver cannot run); run it on a GPU machine, "
+                         "or --set policy.device=auto to train on the CPU anyway"))
     if policy.backend == "peft-4bit" and not _installed("bitsandbytes"):
         problems.append(("policy.backend", "peft-4bit", "4-bit loading needs bitsandbytes, which is not installed; "
                          "pip install -e '.[gpu]', or use auto or peft"))

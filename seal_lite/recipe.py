@@ -66,6 +66,11 @@ class PolicyConfig(_Section):
     gradient_checkpointing: bool | None = Field(
         None, description="Recompute activations in the backward pass to fit long trajectories (None: on with a GPU)."
     )
+    device: Literal["auto", "gpu"] = Field(
+        "auto", description="gpu: refuse to start without an NVIDIA GPU that torch can use (the GPU recipes: a 3B "
+        "or 7B policy on a CPU would be killed for memory, or run for weeks). auto: a GPU when torch sees one, "
+        "else the CPU.",
+    )
 
     @model_validator(mode="after")
     def _here(self, info: ValidationInfo) -> PolicyConfig:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from click.testing import CliRunner
 
 from seal_lite.cli import main
@@ -185,3 +186,18 @@ def test_the_colab_notebook_installs_what_setup_installs():
     assert "gpu" in extras and 'pip install -q -e ".[gpu]"' in source
     (bfcl,) = re.findall(r'"(bfcl-eval==[^"]+)"', (ROOT / "scripts" / "setup.sh").read_text())
     assert f'--no-deps "{bfcl}"' in source
+
+
+def test_the_colab_notebook_installs_a_torch_the_driver_runs_and_stops_without_a_gpu():
+    """torch from PyTorch's CUDA 12.6 index at seal-lite's pin (PyPI's build is CUDA 13: NVIDIA driver 580+), and the
+    install cell ends by refusing to go on when torch sees no GPU: run here, on a CPU, its guard must stop."""
+    install = nbformat.read(COLAB, as_version=4).cells[2].source
+    (torch_pin,) = [line for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+                    if line.startswith("torch")]
+    assert f"!pip install -q {torch_pin} --index-url https://download.pytorch.org/whl/cu126" in install
+    assert install.index("whl/cu126") < install.index('pip install -q -e ".[gpu]"')
+    guard = install[install.index("import torch"):]
+    if torch.cuda.is_available():
+        pytest.skip("the guard stops only where torch sees no GPU")
+    with pytest.raises(RuntimeError, match="sees no GPU. Colab: Runtime > Change runtime type > T4 GPU"):
+        exec(compile(guard, "colab_t4.ipynb cell 2", "exec"), {})  # the notebook's own code, never model text

@@ -273,6 +273,30 @@ def shuffle_groups(batch: dict, group: int) -> dict:
     return {key: permute(value) for key, value in batch.items()}
 
 
+class TrainerError(RuntimeError):
+    """The update would not be the one the recipe asks for; the message says why."""
+
+
+def check_width(batch: RolloutBatch, max_width: int | None) -> None:
+    """Refuse a rollout batch whose padded rows are wider than the model takes uncut. TRL pads every row to the
+    longest prompt plus the longest completion of the batch."""
+    width = max(map(len, batch.prompt_ids)) + max(map(len, batch.completion_ids))
+    if max_width is not None and width > max_width:
+        raise TrainerError(f"the step's padded rows are {width} tokens wide, and the model takes {max_width} uncut "
+                           "(Unsloth's max_seq_length, capped at the model's position window): lower "
+                           "rollout.max_context_tokens to at most half the window")
+
+
+def check_trainer(trainer: GRPOTrainer, backend: str) -> None:
+    """On the unsloth backend the trainer must be Unsloth's: where Unsloth cannot build its patched trainer for
+    this TRL it logs one warning and leaves TRL's, whose loss materialises the full logits (16k x 152k in bf16,
+    about 5 GB, twice) and runs out of memory where Unsloth's chunked loss fits."""
+    if backend == "unsloth" and not any(cls.__name__ == "UnslothGRPOTrainer" for cls in type(trainer).__mro__):
+        raise TrainerError("policy.backend unsloth, but the trainer is TRL's, not Unsloth's: Unsloth did not patch "
+                           "trl.GRPOTrainer (imported before unsloth, or Unsloth's warning above says why); use "
+                           "policy.backend peft-4bit, or the Unsloth and TRL versions seal-lite pins")
+
+
 def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step: StepFunction,
                   output_dir: str, callbacks: list[TrainerCallback] = ()) -> SealGRPOTrainer:
     grpo, group = recipe.grpo, recipe.rollout.num_generations
@@ -324,6 +348,7 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
 
     def rollout_func(prompts: list[str], trainer) -> dict:
         batch = seal_step(prompts)
+        check_width(batch, policy.max_sequence_width)
         trainer.seal_batch = batch
         return {
             "prompt_ids": batch.prompt_ids,
@@ -347,6 +372,7 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         rollout_func=rollout_func,
         callbacks=list(callbacks),
     )
+    check_trainer(trainer, policy.backend)
     trainer.remove_callback(PrinterCallback)  # the run shows its own progress; figures go to the store
     keep_trainable_fp32(trainer.model)  # undoes trl's bf16 cast of LoRA weights on 4-bit models
     trainer.max_logprob_gap = recipe.rollout.max_logprob_gap

@@ -81,22 +81,48 @@ def choose_backend(requested: str, cuda_available: bool, installed: set[str]) ->
     return "peft", "auto: no GPU, LoRA on the CPU"
 
 
-def resolve_backend(requested: str, cuda_available: bool, installed: set[str]) -> tuple[str, str]:
+def resolve_backend(requested: str, cuda_available: bool, installed: set[str],
+                    in_process: bool = True) -> tuple[str, str]:
     """``choose_backend``, then, for unsloth, its import: Unsloth can be installed yet fail to import (a torch or
     driver it does not support). auto then falls back to the next backend and says why; an explicit request
-    fails with the import error."""
+    fails with the import error. ``in_process=False`` tries the import in a child process, so that this one is
+    left unpatched (``doctor``: its self-test must run the trainer a peft run gets, not Unsloth's)."""
     backend, reason = choose_backend(requested, cuda_available, installed)
     if backend != "unsloth":
         return backend, reason
+    error = _import_unsloth() if in_process else _probe_unsloth()
+    if error is None:
+        return backend, reason
+    failure = f"import unsloth failed ({error})"
+    if requested != "auto":
+        raise PolicyBackendError(f"policy.backend unsloth: {failure}; use auto, peft-4bit or peft")
+    backend, reason = choose_backend("auto", cuda_available, installed - {"unsloth"})
+    return backend, f"auto: {failure}; {reason.removeprefix('auto: ')}"
+
+
+def _import_unsloth() -> str | None:
+    """Import Unsloth here (it patches transformers, peft and trl: before trl's import); None, or why it failed."""
     try:
-        import unsloth  # noqa: F401  (patches transformers, peft and trl: must come before trl's import)
+        import unsloth  # noqa: F401
     except Exception as error:  # whatever Unsloth raises on import, the backend is unusable here
-        failure = f"import unsloth failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
-        if requested != "auto":
-            raise PolicyBackendError(f"policy.backend unsloth: {failure}; use auto, peft-4bit or peft") from error
-        backend, reason = choose_backend("auto", cuda_available, installed - {"unsloth"})
-        return backend, f"auto: {failure}; {reason.removeprefix('auto: ')}"
-    return backend, reason
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return None
+
+
+def _probe_unsloth() -> str | None:
+    """``_import_unsloth`` in a child process, which this one never sees patched."""
+    import subprocess
+    import sys
+
+    probe = "from seal_lite.training.policy import _import_unsloth as i; e = i(); print(e or '', end=''); exit(bool(e))"
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return "TimeoutExpired: no answer in 600 s"
+    if done.returncode == 0:
+        return None
+    lines = done.stdout.strip().splitlines() or done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+    return lines[-1]
 
 
 @dataclass
@@ -109,6 +135,8 @@ class Policy:
     peft_config: object | None  # for TRL to wrap the model; None when the backend already added LoRA
     gradient_checkpointing: bool = False  # for TRL's config on the peft paths (Unsloth applies its own)
     generation_mode: Callable | None = None  # the context rollouts are generated in (None: eval mode)
+    max_sequence_width: int | None = None  # the widest padded row the model takes uncut (None: any); Unsloth's
+    # forward truncates rows past its max_seq_length, and its loss then reads misaligned positions
 
 
 def load_policy(model_dir: str, recipe: Recipe) -> Policy:
@@ -127,7 +155,8 @@ def load_policy(model_dir: str, recipe: Recipe) -> Policy:
     dtype, _ = pick_dtype(recipe.policy.dtype, torch.cuda.is_available())
     if backend == "unsloth":
         model, tokenizer = _load_unsloth(model_dir, recipe, checkpointing)
-        policy = Policy(model, tokenizer, backend, reason, model.dtype, None, False, _unsloth_generation_mode)
+        policy = Policy(model, tokenizer, backend, reason, model.dtype, None, False, _unsloth_generation_mode,
+                        model.max_seq_length)
     else:
         model, tokenizer = _load_transformers(model_dir, dtype, quantized=backend == "peft-4bit")
         keep_4bit_layers_trainable(model)
@@ -326,14 +355,28 @@ def count_linear4bit(model) -> int:
     return sum(_is_bnb_linear4bit(module) for module in model.modules())
 
 
+def unsloth_max_seq_length(max_context_tokens: int, max_position_embeddings: int) -> int:
+    """Unsloth's ``max_seq_length`` for a run: the widest row TRL can hand it. TRL pads every row of a step to the
+    longest prompt plus the longest completion, and each trajectory is at most ``max_context_tokens`` long, so a
+    row is at most twice that. Capped at the model's own window: past it Unsloth would rescale RoPE, training a
+    different model (a wider row is then refused, see ``SealGRPOTrainer``)."""
+    return min(2 * max_context_tokens, max_position_embeddings)
+
+
 def _load_unsloth(model_dir: str, recipe: Recipe, checkpointing: bool):
     from unsloth import FastLanguageModel  # first: it patches transformers, peft and trl
 
+    from transformers import AutoConfig
+
+    window = AutoConfig.from_pretrained(model_dir).max_position_embeddings
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=model_dir,
-        max_seq_length=recipe.rollout.max_context_tokens,
+        max_seq_length=unsloth_max_seq_length(recipe.rollout.max_context_tokens, window),
         load_in_4bit=True,
         dtype=None,  # Unsloth picks bf16, or fp16 where the GPU lacks bf16
+        # the model named, not Unsloth's pre-quantized mirror of it (its mapper swaps Qwen/... for unsloth/...-bnb-4bit,
+        # which fails offline and trains another base than the store records)
+        use_exact_model_name=True,
     )
     model = FastLanguageModel.get_peft_model(
         model,
