@@ -165,13 +165,30 @@ def rollout_groups(
     for episode in episodes:  # a prompt that leaves no room for one message ends the episode before it starts
         if len(episode.conversation.ids) + rollout.max_new_tokens > rollout.max_context_tokens:
             episode.stop_reason = "context"
-    chunk = rollout.generation_batch_size or len(episodes)
     while active := [e for e in episodes if e.stop_reason is None]:
-        for start in range(0, len(active), chunk):
-            _generate_round(active[start : start + chunk], generator, rollout)
+        for chunk in generation_chunks(active, rollout):
+            _generate_round(chunk, generator, rollout)
     sampled = getattr(generator, "sampled_logprobs", None) is not None
     trajectories = [_trajectory(e, sampled) for e in episodes]
     return [trajectories[start : start + group_size] for start in range(0, len(trajectories), group_size)]
+
+
+def generation_chunks(active: list, rollout: RolloutConfig) -> list[list]:
+    """The round's generate calls: at most ``generation_batch_size`` sequences each and, with a
+    ``generation_token_budget``, at most that many padded tokens (rows x (longest row + max_new_tokens)), the
+    longest sequences together so that short ones are not padded to a long one's width."""
+    most = rollout.generation_batch_size or len(active)
+    budget = rollout.generation_token_budget
+    if budget is None:
+        return [active[start : start + most] for start in range(0, len(active), most)]
+    chunks, chunk = [], []
+    for episode in sorted(active, key=lambda e: len(e.conversation.ids), reverse=True):
+        width = len((chunk or [episode])[0].conversation.ids) + rollout.max_new_tokens  # the chunk's first is widest
+        if chunk and (len(chunk) == most or (len(chunk) + 1) * width > budget):
+            chunks.append(chunk)
+            chunk = []
+        chunk.append(episode)
+    return chunks + [chunk]
 
 
 def _generate_round(active: list[_Episode], generator: Generator, rollout: RolloutConfig) -> None:

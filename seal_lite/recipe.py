@@ -155,10 +155,24 @@ class RolloutConfig(_Section):
         "transformers, one task's G on llamacpp; evaluation batches as many). Caps the KV cache of GPU rollouts, "
         "which grows with sequences x context length.",
     )
+    generation_token_budget: int | None = Field(
+        None, description="Most padded tokens in one generate call: sequences x (the longest + max_new_tokens), "
+        "longest sequences together (None: no budget, generation_batch_size alone). The GPU recipes set it from "
+        "the memory model (seal_lite/memory.py, docs/gpu.md), so a call fits the card; at least max_context_tokens.",
+    )
     max_logprob_gap: float = Field(
         1.0, gt=0.0, description="llamacpp only: a generated token whose log-probability under llama.cpp and under "
         "the trained model differ by more than this carries no loss (the two engines disagree on it).",
     )
+
+    @model_validator(mode="after")
+    def _budget_holds_a_sequence(self) -> RolloutConfig:
+        budget = self.generation_token_budget
+        if budget is not None and budget < self.max_context_tokens:
+            _refuse([("rollout.generation_token_budget", budget, "one generate call must hold a sequence as long as "
+                      f"rollout.max_context_tokens ({self.max_context_tokens}); raise the budget or lower the "
+                      "context (docs/gpu.md has the budgets that fit each card)")])
+        return self
 
 
 class InterfaceConfig(_Section):

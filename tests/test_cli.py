@@ -124,7 +124,8 @@ def test_the_paper_recipe_says_what_the_paper_did():
     assert (paper.data.num_tasks, paper.interface.schema_cues, paper.interface.recovery_feedback,
             paper.interface.capability_hints, paper.diagnoser.mode) == (400, True, False, False, "off")
     rows = (ROOT / "docs" / "deviations.md").read_text()
-    for deviation in ("LoRA adapter", "2e-5", "4-bit NF4"):
+    assert rollout.max_new_tokens == 1024  # per message: a departure, in deviations.md
+    for deviation in ("LoRA adapter", "2e-5", "4-bit NF4", "at most 1024 per message"):
         assert deviation in rows
 
 

@@ -150,8 +150,7 @@ def _one_task_step(tmp_path, policy, recipe):
 
 @cpu_only
 def test_a_step_wider_than_the_model_takes_uncut_is_refused_before_the_update(tmp_path, tiny_model_dir):
-    from seal_lite.training.grpo import TrainerError
-    from seal_lite.training.grpo import lora_norm
+    from seal_lite.training.grpo import TrainerError, lora_norm
     from seal_lite.training.policy import load_policy
 
     recipe = load_recipe(None, {"policy.dtype": "float32", "data.task_ids": ["multi_turn_base_0"],

@@ -364,9 +364,8 @@ def unsloth_max_seq_length(max_context_tokens: int, max_position_embeddings: int
 
 
 def _load_unsloth(model_dir: str, recipe: Recipe, checkpointing: bool):
-    from unsloth import FastLanguageModel  # first: it patches transformers, peft and trl
-
     from transformers import AutoConfig
+    from unsloth import FastLanguageModel  # first: it patches transformers, peft and trl
 
     window = AutoConfig.from_pretrained(model_dir).max_position_embeddings
     model, tokenizer = FastLanguageModel.from_pretrained(

@@ -1,0 +1,118 @@
+"""How much memory a policy needs on its device, from its config alone: what stays (weights, LoRA with its Adam
+state) and what one generate call adds, so that every call can be cut to fit the card (``rollout_token_budget``).
+
+One generate call over B left-padded rows of width W, making up to N new tokens each, holds at its peak:
+
+* the KV cache: B x (W + N) x layers x 2 x kv_heads x head_dim, in the compute dtype;
+* Unsloth only: a second copy of it at the first decode step (its paged decode buffers are filled from the
+  prefill cache: unsloth/models/_decode_graphs.py, ``alloc_decode_buffers``);
+* the attention mask of a padded prefill, B x W x W: bool on transformers' SDPA path, 16-bit on Unsloth's
+  inference path (unsloth/models/llama.py builds it with ``_prepare_4d_causal_attention_mask_for_sdpa``);
+* the MLP's intermediates of one layer, ``MLP_COPIES`` x B x W x intermediate_size;
+* a few hidden-state-sized tensors (residual, normed input, attention output), ``HIDDEN_COPIES`` x B x W x hidden;
+* the last position's logits, B x vocab in fp32.
+
+The copy counts come from reading the code paths (Unsloth's ``fast_swiglu_inference`` keeps gate and up alive;
+transformers' MLP keeps act(gate), up and their product). transformers' path runs on a CPU too, where
+tests/test_memory.py checks the whole model against measured peaks (benchmarks/memory_model.py); Unsloth's terms
+only a GPU can check (scripts/gpu_check.sh). Pure arithmetic, no torch: the recipes' budgets and docs/gpu.md's
+table come from here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 2**30
+MLP_COPIES = {"unsloth": 2, "transformers": 3}
+HIDDEN_COPIES = 4
+MASK_BYTES = {"unsloth": 2, "transformers": 1}  # per mask element: 16-bit, bool
+CUDA_CONTEXT = 0.6 * GIB  # the CUDA context and the kernels' workspaces (an estimate, not measured here)
+NF4_BYTES = 0.5 + 0.127 / 8  # 4 bits per weight, plus double-quantized block scales (~0.127 bits)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of a decoder-only transformer that its memory depends on (a transformers config's fields)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool
+
+    @classmethod
+    def from_config(cls, config) -> Shape:
+        """From a transformers config object or its config.json as a dict."""
+        get = config.get if isinstance(config, dict) else lambda name, default=None: getattr(config, name, default)
+        heads = get("num_attention_heads")
+        return cls(layers=get("num_hidden_layers"), hidden=get("hidden_size"), intermediate=get("intermediate_size"),
+                   heads=heads, kv_heads=get("num_key_value_heads") or heads,
+                   head_dim=get("head_dim") or get("hidden_size") // heads, vocab=get("vocab_size"),
+                   tied_embeddings=bool(get("tie_word_embeddings", False)))
+
+    def linear_params(self) -> int:
+        """Weights of the decoder blocks' projections (what 4-bit quantizes and LoRA adapts)."""
+        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)  # q, o; k, v
+        return self.layers * (attention + 3 * self.hidden * self.intermediate)
+
+    def lora_params(self, rank: int) -> int:
+        """LoRA on every projection (q, k, v, o, gate, up, down): rank x (in + out) each."""
+        q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        per_layer = rank * ((self.hidden + q_out) * 2 + (self.hidden + kv_out) * 2
+                            + (self.hidden + self.intermediate) * 3)
+        return self.layers * per_layer
+
+
+# Shapes of the GPU recipes' models (their config.json), so budgets are computed without the hub.
+KNOWN_SHAPES = {
+    "Qwen/Qwen2.5-3B-Instruct": Shape(36, 2048, 11008, 16, 2, 128, 151936, True),
+    "Qwen/Qwen2.5-7B-Instruct": Shape(28, 3584, 18944, 28, 4, 128, 152064, False),
+}
+
+
+def resident_bytes(shape: Shape, dtype_bytes: int, quantized: bool, lora_rank: int) -> int:
+    """What stays for the whole run: the weights (projections in NF4 when quantized, embeddings and LM head in the
+    compute dtype), and the LoRA weights in fp32 with their gradients and Adam's two moments (16 bytes each)."""
+    embeddings = shape.vocab * shape.hidden * (1 if shape.tied_embeddings else 2) * dtype_bytes
+    projections = shape.linear_params() * (NF4_BYTES if quantized else dtype_bytes)
+    return int(embeddings + projections + 16 * shape.lora_params(lora_rank))
+
+
+def generate_bytes(shape: Shape, rows: int, width: int, new_tokens: int, dtype_bytes: int, engine: str) -> dict:
+    """The peak one generate call adds, by term (bytes): ``rows`` left-padded to ``width`` prompt tokens, each
+    making up to ``new_tokens``. ``engine``: "unsloth", or "transformers" (the peft backends, GPU or CPU)."""
+    kv = rows * (width + new_tokens) * shape.layers * 2 * shape.kv_heads * shape.head_dim * dtype_bytes
+    terms = {
+        "kv_cache": kv,
+        "kv_copy": kv if engine == "unsloth" else 0,
+        "mask": rows * width * width * MASK_BYTES[engine],
+        "mlp": MLP_COPIES[engine] * rows * width * shape.intermediate * dtype_bytes,
+        "hidden": HIDDEN_COPIES * rows * width * shape.hidden * dtype_bytes,
+        "logits": rows * shape.vocab * 4,
+    }
+    return terms
+
+
+def generate_peak(shape: Shape, rows: int, width: int, new_tokens: int, dtype_bytes: int, engine: str) -> int:
+    """The peak a generate call adds: the prefill's transients on its KV cache, or at the first decode step the
+    cache with Unsloth's copy of it, whichever is larger."""
+    terms = generate_bytes(shape, rows, width, new_tokens, dtype_bytes, engine)
+    prefill = terms["kv_cache"] + terms["mask"] + terms["mlp"] + terms["hidden"] + terms["logits"]
+    first_decode = terms["kv_cache"] + terms["kv_copy"] + terms["logits"]
+    return max(prefill, first_decode)
+
+
+def rollout_token_budget(shape: Shape, card_bytes: float, max_context: int, new_tokens: int, dtype_bytes: int,
+                         engine: str, quantized: bool, lora_rank: int, headroom: float = 0.1) -> int:
+    """The most padded tokens, rows x (width + new tokens), that one generate call may hold on a card of
+    ``card_bytes`` with ``headroom`` of it left free, when every row is as wide as the context allows (the mask
+    grows with width x width, so narrower rows fit at least as many tokens). 0: not even one row fits."""
+    free = card_bytes * (1 - headroom) - CUDA_CONTEXT - resident_bytes(shape, dtype_bytes, quantized, lora_rank)
+    width = max_context - new_tokens
+    per_row = generate_peak(shape, 1, width, new_tokens, dtype_bytes, engine)
+    return max(0, math.floor(free / per_row)) * max_context

@@ -1,0 +1,96 @@
+"""The memory model (seal_lite/memory.py): its sizes against real models, its generate peaks against measured ones
+on this CPU (transformers' path, the one the peft backends run on a GPU too), the GPU recipes' budgets against it,
+and the generate calls cut by a token budget (seal_lite/agent.py)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from seal_lite.agent import generation_chunks
+from seal_lite.memory import GIB, KNOWN_SHAPES, Shape, generate_peak, rollout_token_budget
+from seal_lite.recipe import load_recipe
+
+ROOT = Path(__file__).parent.parent
+GPU_RECIPES = {"colab-t4": 15, "gpu-24gb": 24, "paper-qwen2.5-7b": 80, "ablation-vanilla-grpo": 80,
+               "ablation-no-interface": 80, "ablation-no-reweighting": 80, "ablation-no-closed-loop": 80}  # card, GB
+
+
+def test_the_shape_counts_the_real_models_projections_and_peft_lora(smol_dir):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(smol_dir)
+    shape = Shape.from_config(config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    projections = sum(module.weight.numel() for name, module in model.named_modules()
+                      if name.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                     "down_proj"))
+    assert shape.linear_params() == projections
+    lora = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear"))
+    assert shape.lora_params(8) == sum(p.numel() for n, p in lora.named_parameters() if "lora_" in n)
+    assert Shape.from_config(json.loads((Path(smol_dir) / "config.json").read_text())) == shape
+
+
+def test_kv_cache_per_token_of_the_gpu_models():
+    """Qwen2.5-3B: 36 layers x 2 x 2 heads x 128 x 2 bytes = 36 KiB a token; 7B: 28 x 2 x 4 x 128 x 2 = 56 KiB."""
+    for model, kib in (("Qwen/Qwen2.5-3B-Instruct", 36), ("Qwen/Qwen2.5-7B-Instruct", 56)):
+        shape = KNOWN_SHAPES[model]
+        one = generate_peak(shape, 1, 0, 1, 2, "unsloth")  # no prompt: one token's cache, twice (Unsloth's copy)
+        assert one - shape.vocab * 4 == 2 * kib * 1024
+
+
+def test_the_models_generate_peaks_are_within_20_percent_of_measured_ones_on_this_cpu():
+    """Two real widths (Qwen2.5-0.5B's, SmolLM2-135M's), five rows x width each, fp32 (the same kernels on every
+    x86 CPU); benchmarks/memory_model.py measures the peak resident memory of one left-padded generate call."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory_model.py"), "--cpu-check"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 10 and len({row["shape"] for row in rows}) == 2
+    for row in rows:
+        assert 0.8 <= row["ratio"] <= 1.2, row
+
+
+@pytest.mark.parametrize("name", sorted(GPU_RECIPES))
+def test_each_gpu_recipes_generate_calls_fit_its_card_with_10_percent_free(name):
+    recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml")
+    shape, rollout = KNOWN_SHAPES[recipe.policy.model], recipe.rollout
+    for engine in ("unsloth", "transformers"):  # auto picks Unsloth where it imports, else bitsandbytes
+        fits = rollout_token_budget(shape, GPU_RECIPES[name] * GIB, rollout.max_context_tokens, rollout.max_new_tokens,
+                                    2, engine, quantized=True, lora_rank=recipe.policy.lora_r)
+        assert rollout.max_context_tokens <= rollout.generation_token_budget <= fits, engine
+    assert recipe.policy.device == "gpu"
+
+
+def test_a_bigger_card_fits_more_and_a_too_small_one_nothing():
+    shape = KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"]
+    budgets = [rollout_token_budget(shape, gb * GIB, 16384, 512, 2, "unsloth", True, 16) for gb in (8, 15, 24, 48, 80)]
+    assert budgets[0] == 0 and budgets == sorted(budgets) and budgets[-1] > budgets[2] > 0
+
+
+def _episodes(lengths):
+    return [SimpleNamespace(conversation=SimpleNamespace(ids=[0] * length), length=length) for length in lengths]
+
+
+def test_generate_calls_are_cut_by_the_token_budget_with_the_longest_rows_together():
+    rollout = load_recipe(None, {"rollout.max_new_tokens": 100, "rollout.max_context_tokens": 4000,
+                                 "rollout.generation_token_budget": 8000, "rollout.generation_batch_size": 6}).rollout
+    episodes = _episodes([500, 3900, 900, 1900, 300, 1000, 2000, 400, 100, 200, 700, 600])
+    chunks = generation_chunks(episodes, rollout)
+    assert sorted(e.length for chunk in chunks for e in chunk) == sorted(e.length for e in episodes)
+    widths = [[e.length for e in chunk] for chunk in chunks]
+    assert widths == [[3900, 2000], [1900, 1000, 900, 700], [600, 500, 400, 300, 200, 100]]
+    for chunk in widths:
+        assert len(chunk) * (max(chunk) + 100) <= 8000 and len(chunk) <= 6
+
+
+def test_without_a_budget_generate_calls_keep_their_order_and_size():
+    rollout = load_recipe(None, {"rollout.generation_batch_size": 2}).rollout
+    episodes = _episodes([5, 9, 1, 7, 3])
+    assert [[e.length for e in c] for c in generation_chunks(episodes, rollout)] == [[5, 9], [1, 7], [3]]
