@@ -27,8 +27,10 @@ from seal_lite.memory import GIB, KNOWN_SHAPES, Shape, generate_peak, rollout_to
 CPU_SHAPES = {  # real widths, 2 layers (the peak of one call does not grow with depth except through the KV cache)
     "qwen2.5-0.5b-width": Shape(2, 896, 4864, 14, 2, 64, 151936, True),
     "smollm2-135m-width": Shape(2, 576, 1536, 9, 3, 64, 49152, True),
+    "narrow": Shape(2, 64, 128, 1, 1, 64, 1024, True),  # so narrow that the padded prefill's mask is nearly all
 }
 CPU_CASES = [(1, 1024), (4, 512), (2, 2048), (8, 1024), (4, 2048)]  # (rows, width)
+NARROW_CASES = [(2, 2048), (2, 4096), (4, 4096)]
 NEW_TOKENS = 4
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
@@ -38,6 +40,12 @@ def _status(field: str) -> int:
         if line.startswith(field):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def reexec_with_malloc_settings() -> None:
+    """Run this script again with MALLOC set, unless it is: glibc reads it only when the process starts."""
+    if any(os.environ.get(key) != value for key, value in MALLOC.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC})
 
 
 def measured_peak(call) -> int:
@@ -64,7 +72,7 @@ def cpu_check(dtype_name: str, cases=CPU_CASES) -> list[dict]:
                              max_position_embeddings=32768, tie_word_embeddings=shape.tied_embeddings)
         model = Qwen2ForCausalLM(config).to(dtype).eval()
         _generate(model, 1, 16)  # warm-up: the first call's one-off allocations are not the generate peak
-        for rows, width in cases:
+        for rows, width in NARROW_CASES if name == "narrow" else cases:
             peak = measured_peak(functools.partial(_generate, model, rows, width))
             model_peak = generate_peak(shape, rows, width, NEW_TOKENS, dtype.itemsize, "transformers")
             rows_out.append({"shape": name, "dtype": dtype_name, "rows": rows, "width": width,
@@ -109,8 +117,7 @@ def main() -> None:
     parser.add_argument("--table", action="store_true", help="print the GPU cards' token budgets")
     args = parser.parse_args()
     if args.cpu_check:
-        if any(os.environ.get(key) != value for key, value in MALLOC.items()):
-            os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC})
+        reexec_with_malloc_settings()
         rows = cpu_check(args.dtype)
         ratios = [row["ratio"] for row in rows]
         print(f"model / measured: {min(ratios):.2f} to {max(ratios):.2f} over {len(rows)} cases ({args.dtype})")

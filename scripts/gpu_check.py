@@ -1,135 +1,308 @@
-"""The checks of scripts/gpu_check.sh, one per call, each printing one JSON line (``"ok"`` says whether it passed).
+"""The checks of scripts/gpu_check.sh: one backend's checks in one process (Unsloth's import and first compile are
+paid once), in order, each writing ``OUT/<backend>-<check>.json`` the moment it ends ("ok" says whether it passed),
+so a run stopped by its time limit still leaves every finished check.
 
-    python scripts/gpu_check.py doctor [--tiny]                       seal-lite doctor, self-test in NF4
-    python scripts/gpu_check.py steps --backend unsloth [--tiny]      two SEAL steps, Qwen2.5-1.5B shape
-    python scripts/gpu_check.py steps --backend peft-4bit [--tiny]
+    python scripts/gpu_check.py --backend unsloth --out OUT [--tiny]
+    python scripts/gpu_check.py --backend peft-4bit --out OUT [--tiny]
 
-Models are random-init of the real shape with a locally built tokenizer (benchmarks/gpu_memory.py): the GPU
-machine reaches no hub. ``--tiny`` runs the same code on a 2-layer model of that shape, on the CPU if there is
-no GPU: the smoke test the test suite runs. Each check runs in its own process because Unsloth patches
-transformers, peft and trl on import, which would change the peft-4bit check after it.
+The checks, each against what can break on a GPU (docs/gpu.md):
+  steps         one real SEAL step on real BFCL tasks (rollouts, verdicts, labels, weights, GRPO update) with a
+                Qwen2.5-1.5B-shaped random policy, advantages forced to +1/-1; the trainer must be Unsloth's on
+                the unsloth backend, LoRA fp32, the pad token no stop token
+  adapter       the step's adapter, saved and loaded by `seal-lite eval`'s loader into a fresh policy, is the one
+                trained (on Unsloth the policy already has its own LoRA)
+  over_length   an update on rows padded wider than the context (a long prompt beside a long completion): the
+                LoRA moves and the loss is finite, no row is cut
+  memory        one generate call per recipe chunk at the recipes' budgets, rows of mixed lengths, on
+                layer-truncated models of the real widths (Qwen2.5-3B and 7B), peak against seal_lite/memory.py
+  timing        one sample: 4 rows x 2k-token prompts, 64 new tokens; seconds and ms per decode step
+
+Models are random-init of the real shapes with a locally built tokenizer (benchmarks/gpu_memory.py): the GPU machine
+reaches no hub. ``--tiny`` runs every check on 2-layer models of small widths, on the CPU where there is no GPU
+(memory measured there as the peak resident size: benchmarks/memory_model.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_memory  # noqa: E402  (benchmarks/ is not a package: found through sys.path above)
+import memory_model  # noqa: E402
+
+from seal_lite import memory  # noqa: E402
 
 TASKS = ["multi_turn_base_0", "multi_turn_base_1"]
+# seconds each check may take on a GPU (x10 with --tiny); the unsloth process runs them all, peft-4bit the first two
+LIMITS = {"steps": 100, "adapter": 30, "over_length": 30, "memory": 80, "timing": 20}
+TINY_MEMORY = {"tiny-a": memory.Shape(2, 256, 1024, 4, 2, 64, 8192, True),
+               "tiny-b": memory.Shape(2, 192, 512, 3, 1, 64, 8192, True)}
 
 
-def shape(tiny: bool) -> gpu_memory.Shape:
+def steps_shape(tiny: bool) -> gpu_memory.Shape:
     real = gpu_memory.SHAPES["1.5b"]
     return gpu_memory.Shape("tiny-1.5b", 64, 2, 4, 2, 128, 8192, real.tied) if tiny else real
 
 
-def doctor(tiny: bool) -> dict:
-    """The doctor report, its masking self-test and GRPO step run on NF4 Linear4bit layers (peft-4bit)."""
-    from seal_lite.doctor import report
-
-    with tempfile.TemporaryDirectory() as directory:
-        model_dir = gpu_memory.random_model_dir(shape(tiny), directory)
-        result = report(model_dir, backend="peft-4bit")
-    missing = [row["name"] for row in result["backends"]["packages"] if row["role"] == "required" and not row["ok"]]
-    test = result["self_test"]
-    return {"ok": test["passed"], "gpus": result["hardware"]["gpus"],
-            "training_backend": result["backends"]["training_backend"],
-            "versions": {row["name"]: row["version"] for row in result["backends"]["packages"]},
-            "required_missing": missing,  # llama_cpp serves only the diagnoser, which these checks leave off
-            "self_test": {key: test[key] for key in ("message", "backend", "dtype", "linear4bit_layers",
-                                                     "trainable_dtypes", "lora_changed", "lora_entries",
-                                                     "model_tokens", "env_tokens", "max_env_grad", "seconds")}}
-
-
-def steps(backend: str, tiny: bool, count: int = 2) -> dict:
-    """``count`` real SEAL steps (rollouts on real BFCL tasks, verification, labels, weighting, GRPO update) of
-    a Qwen2.5-1.5B-shaped random policy. A random model fails every task, so every advantage would be 0 and the
-    update skipped: the advantages are replaced by +1/-1 within each group (forced learning signal)."""
-    import torch
-
-    from seal_lite.envs.bfcl import load_tasks
+def check_recipe(model_dir: str, backend: str, tiny: bool, **overrides):
     from seal_lite.recipe import load_recipe
-    from seal_lite.store import Store
-    from seal_lite.training.policy import count_linear4bit, load_policy
 
-    with tempfile.TemporaryDirectory() as directory:
-        model_dir = gpu_memory.random_model_dir(shape(tiny), str(Path(directory) / "model"))
-        recipe = load_recipe(None, {
-            "name": "gpu-check", "policy.model": model_dir, "policy.backend": backend, "policy.lora_r": 16,
-            "policy.lora_alpha": 32, "policy.gradient_checkpointing": True, "data.task_ids": TASKS,
-            "grpo.tasks_per_step": 2, "grpo.steps": count, "grpo.mini_batches": 2, "rollout.num_generations": 2,
-            "rollout.backend": "transformers", "rollout.max_turns": 1, "rollout.max_model_calls": 2,
-            "rollout.max_new_tokens": 8 if tiny else 64, "rollout.max_context_tokens": 8192,
-            "diagnoser.mode": "off",
-        })
-        started = time.time()
-        policy = load_policy(model_dir, recipe)
-        from seal_lite.generation import TransformersGenerator
+    return load_recipe(None, {
+        "name": "gpu-check", "policy.model": model_dir, "policy.backend": backend, "policy.lora_r": 16,
+        "policy.lora_alpha": 32, "policy.gradient_checkpointing": True, "data.task_ids": TASKS,
+        "grpo.tasks_per_step": 2, "grpo.steps": 1, "grpo.mini_batches": 2, "rollout.num_generations": 2,
+        "rollout.backend": "transformers", "rollout.max_turns": 1, "rollout.max_model_calls": 2,
+        "rollout.max_new_tokens": 8 if tiny else 64, "rollout.max_context_tokens": 8192, "diagnoser.mode": "off",
+    } | overrides)
+
+
+class Checks:
+    """The checks of one backend, sharing one policy model directory and the trained step."""
+
+    def __init__(self, backend: str, tiny: bool, work: Path):
+        self.backend, self.tiny, self.work = backend, tiny, work
+        self.trained: dict | None = None  # the step's LoRA weights, for the adapter check
+
+    @functools.cached_property
+    def model_dir(self) -> str:  # built by the first check that needs it, so a failure is that check's
+        return gpu_memory.random_model_dir(steps_shape(self.tiny), str(self.work / "model"))
+
+    def steps(self) -> dict:
+        import torch
+
+        from seal_lite.envs.bfcl import load_tasks
         from seal_lite.loop import SealStep
+        from seal_lite.store import Store
+        from seal_lite.training.policy import count_linear4bit, load_policy
+
+        recipe = check_recipe(self.model_dir, self.backend, self.tiny)
+        policy = load_policy(self.model_dir, recipe)
+        from seal_lite.generation import TransformersGenerator
         from seal_lite.training.grpo import build_trainer  # after the policy: Unsloth patches trl on import
 
         tasks = {task.id: task.truncated(1) for task in load_tasks(TASKS)}
-        step = SealStep(recipe, Store(Path(directory) / "seal.db"), tasks, None)
+        step = SealStep(recipe, Store(self.work / "seal.db"), tasks, None)
 
-        def forced_signal(prompts):
+        def forced_signal(prompts):  # a random model fails every task: all advantages would be 0
             batch = step(prompts)
-            group = recipe.rollout.num_generations
-            signs = [1.0 if index % group % 2 == 0 else -1.0 for index in range(len(batch.advantages))]
+            signs = [1.0 if index % 2 == 0 else -1.0 for index in range(len(batch.advantages))]
             return dataclasses.replace(batch, advantages=signs)
 
-        trainer = build_trainer(policy, recipe, list(tasks), forced_signal, str(Path(directory) / "trl"))
+        trainer = build_trainer(policy, recipe, list(tasks), forced_signal, str(self.work / "trl"))
         trainer.args.save_strategy = "no"
         step.generator = TransformersGenerator(trainer.model, policy.tokenizer, policy.generation_mode)
-        timings = []
-        trainer.add_callback(gpu_memory._timer(timings))
         before = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
-        load_s = time.time() - started
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
+        started = time.time()
         trainer.train()
         after = dict(trainer.model.named_parameters())
         moved = sum(int((after[name].detach() != p).sum()) for name, p in before.items())
-        figures = {
-            "ok": step.step == count and moved > 0 and policy.backend == backend,
-            "backend": policy.backend, "reason": policy.reason, "seal_steps": step.step,
-            "optimizer_steps": trainer.state.global_step, "lora_changed": moved,
-            "lora_entries": sum(p.numel() for p in before.values()),
-            "trainable_dtypes": sorted({str(after[name].dtype).removeprefix("torch.") for name in before}),
+        trainer.model.save_pretrained(str(self.work / "adapter"))
+        self.trained = {name.replace(".default", ""): p.detach().float().cpu()
+                        for name, p in trainer.model.named_parameters() if "lora_" in name}
+        trainer_classes = [cls.__name__ for cls in type(trainer).__mro__]
+        unsloth_trainer = "UnslothGRPOTrainer" in trainer_classes
+        return {
+            "ok": step.step == 1 and moved > 0 and policy.backend == self.backend
+            and unsloth_trainer == (self.backend == "unsloth"),
+            "backend": policy.backend, "trainer": trainer_classes[:3], "unsloth_trainer": unsloth_trainer,
+            "lora_changed": moved, "trainable_dtypes": sorted({str(after[n].dtype).removeprefix("torch.") for n in before}),
             "linear4bit_layers": count_linear4bit(trainer.model),
             "pad_is_stop": policy.tokenizer.pad_token_id in step.generator.stop_ids,
-            # seconds per optimizer step; the first of each SEAL step includes that step's rollouts
-            "load_s": round(load_s, 1), "optimizer_step_s": [round(t, 2) for t in timings],
-            "peak_gb": round(torch.cuda.max_memory_allocated() / gpu_memory.GB, 2)
-            if torch.cuda.is_available() else None,
+            "step_s": round(time.time() - started, 1), "peak_gb": _peak_gb(torch),
         }
-    return figures
+
+    def adapter(self) -> dict:
+        from seal_lite.evaluate import evaluation_engine
+
+        if self.trained is None:
+            return {"ok": False, "error": "the steps check did not train an adapter"}
+        recipe = check_recipe(self.model_dir, self.backend, self.tiny)
+        with evaluation_engine(recipe, self.work / "adapter", self.work / "eval") as generator:
+            loaded = {name.replace(".default", ""): p.detach().float().cpu()
+                      for name, p in generator.model.named_parameters() if "lora_" in name}
+        same = sorted(loaded) == sorted(self.trained) and all(
+            (loaded[name] == weight).all() for name, weight in self.trained.items())
+        return {"ok": bool(same), "lora_weights": len(loaded), "trained_lora_weights": len(self.trained)}
+
+    def over_length(self) -> dict:
+        """Rows padded to a long prompt plus a long completion, wider than the context: trained uncut."""
+        import torch
+
+        from seal_lite.loop import RolloutBatch
+        from seal_lite.training.grpo import build_trainer
+        from seal_lite.training.policy import load_policy
+
+        context = 1024 if self.tiny else 8192
+        recipe = check_recipe(self.model_dir, self.backend, self.tiny, **{"rollout.max_context_tokens": context,
+                                                                           "grpo.tasks_per_step": 1,
+                                                                           "grpo.mini_batches": 1})
+        policy = load_policy(self.model_dir, recipe)
+        long, short = context * 3 // 4, context // 8
+        vocab = len(policy.tokenizer)
+        generator = torch.Generator().manual_seed(0)
+
+        def ids(n):
+            return torch.randint(10, vocab - 10, (n,), generator=generator).tolist()
+
+        env_mask = [1] * 8 + [0] * (long - 16) + [1] * 8  # model, tool results, model
+        batch = RolloutBatch(prompt_ids=[ids(long), ids(short)], completion_ids=[ids(short), ids(long)],
+                             env_mask=[[1] * short, env_mask], rewards=[1.0, 0.0], advantages=[1.0, -1.0])
+        trainer = build_trainer(policy, recipe, ["task"], lambda prompts: batch, str(self.work / "trl-long"))
+        trainer.args.save_strategy = "no"
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        result = trainer.train()
+        moved = sum(int((p.detach() != before[n]).sum()) for n, p in trainer.model.named_parameters() if n in before)
+        loss = float(result.training_loss)
+        return {"ok": moved > 0 and loss == loss and abs(loss) != float("inf"), "padded_width": long + long,
+                "context": context, "max_sequence_width": policy.max_sequence_width, "loss": loss,
+                "lora_changed": moved}
+
+    def memory(self) -> dict:
+        """One generate call per chunk of a round at a recipe's budget, rows of mixed lengths, against the model."""
+        import torch
+
+        from seal_lite.agent import generation_chunks
+        from seal_lite.training.policy import load_policy
+
+        cuda = torch.cuda.is_available()
+        engine = "unsloth" if self.backend == "unsloth" else "transformers"
+        cases = ([("tiny-a", 2048, 8192), ("tiny-b", 2048, 8192)] if self.tiny else
+                 [("Qwen/Qwen2.5-3B-Instruct", 16384, 81920), ("Qwen/Qwen2.5-7B-Instruct", 16384, 65536)])
+        rows = []
+        for name, context, budget in cases:
+            full = TINY_MEMORY[name] if self.tiny else memory.KNOWN_SHAPES[name]
+            shape = dataclasses.replace(full, layers=2 if self.tiny else 4)  # real widths, truncated depth
+            model_dir = gpu_memory.random_model_dir(gpu_memory.Shape(
+                name, shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.intermediate, shape.vocab,
+                shape.tied_embeddings), str(self.work / f"memory-{len(rows)}"))
+            recipe = check_recipe(model_dir, self.backend, self.tiny, **{
+                "rollout.max_context_tokens": context, "rollout.generation_token_budget": budget,
+                "rollout.max_new_tokens": 16, "rollout.generation_batch_size": 16,
+                # a CPU in fp32: the same kernels on every x86 CPU (bf16 is native on some only)
+                "policy.dtype": "auto" if cuda else "float32"})
+            policy = load_policy(model_dir, recipe)
+            lengths = [context - 16 - step * (context // 10) for step in range(8)]  # mixed: 100% down to 30%
+            rows_of = [SimpleNamespace(conversation=SimpleNamespace(ids=range(length))) for length in lengths]
+            for chunk in generation_chunks(rows_of, recipe.rollout):
+                width = len(chunk[0].conversation.ids)
+                modelled = memory.generate_peak(shape, len(chunk), width, 16, policy.dtype.itemsize, engine)
+                measured = _generate_peak(policy, len(chunk), width, 16, cuda)
+                rows.append({"model": name, "layers": shape.layers, "rows": len(chunk), "width": width,
+                             "measured_gb": round(measured / memory.GIB, 3), "model_gb": round(modelled / memory.GIB, 3),
+                             "model_over_measured": round(modelled / measured, 3) if measured else None})
+            del policy
+            gpu_memory._empty_caches()
+        return {"ok": all(row["model_over_measured"] and row["model_over_measured"] >= 0.8 for row in rows),
+                "engine": engine, "calls": rows}
+
+    def timing(self) -> dict:
+        import torch
+
+        from seal_lite.training.policy import load_policy
+
+        policy = load_policy(self.model_dir, check_recipe(self.model_dir, self.backend, self.tiny))
+        rows, prompt, new = (2, 256, 8) if self.tiny else (4, 2048, 64)
+        ids = torch.randint(10, len(policy.tokenizer) - 10, (rows, prompt), device=policy.model.device)
+        seconds = {}
+        for label, tokens in (("warm-up", 1), ("prefill", 1), ("generate", new)):  # warm-up: Unsloth compiles
+            _sync(torch)
+            started = time.time()
+            with torch.no_grad(), policy.generation_mode(policy.model):
+                policy.model.generate(input_ids=ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
+                                      pad_token_id=policy.tokenizer.pad_token_id)
+            _sync(torch)
+            seconds[label] = time.time() - started
+        decode_ms = (seconds["generate"] - seconds["prefill"]) / (new - 1) * 1000
+        return {"ok": True, "rows": rows, "prompt": prompt, "new_tokens": new, "prefill_s": round(seconds["prefill"], 3),
+                "decode_ms_per_step": round(decode_ms, 2),
+                "prefill_tokens_per_s": round(rows * prompt / seconds["prefill"])}
+
+
+def _generate_peak(policy, rows: int, width: int, new: int, cuda: bool) -> int:
+    """Peak bytes one left-padded generate call adds: CUDA's allocator peak, or on a CPU the peak resident size."""
+    import torch
+
+    ids = torch.randint(10, len(policy.tokenizer) - 10, (rows, width), device=policy.model.device)
+    mask = torch.ones_like(ids)
+    mask[1:, : width // 4] = 0  # left padding: the prefill needs its mask
+
+    def call():
+        with torch.no_grad(), policy.generation_mode(policy.model):
+            policy.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                                  do_sample=True, pad_token_id=policy.tokenizer.pad_token_id)
+
+    if not cuda:
+        return memory_model.measured_peak(call)
+    gpu_memory._empty_caches()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    call()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def _peak_gb(torch) -> float | None:
+    return round(torch.cuda.max_memory_allocated() / memory.GIB, 2) if torch.cuda.is_available() else None
+
+
+def _sync(torch) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class CheckTimeout(Exception):
+    pass
+
+
+def run(backend: str, names: list[str], tiny: bool, out: Path) -> bool:
+    """The checks ``names`` of ``backend`` in order; each one's JSON line goes to ``out`` as soon as it ends."""
+    out.mkdir(parents=True, exist_ok=True)
+    scale = 10 if tiny else 1  # a tiny check on a shared 2-core CPU is slower than the real one on a GPU
+
+    def on_alarm(signum, frame):
+        raise CheckTimeout
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    passed = True
+    with tempfile.TemporaryDirectory() as directory:
+        checks = Checks(backend, tiny, Path(directory))
+        for name in names:
+            limit = LIMITS[name]
+            started = time.time()
+            signal.alarm(limit * scale)
+            try:
+                row = getattr(checks, name)()
+            except CheckTimeout:
+                row = {"ok": False, "error": f"over {limit * scale} s"}
+            except Exception as error:  # one JSON line whatever happens: the next check still runs
+                row = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:500]}"}
+            finally:
+                signal.alarm(0)
+            row = {"check": f"{backend}-{name}", "tiny": tiny} | row | {"seconds": round(time.time() - started, 1)}
+            (out / f"{backend}-{name}.json").write_text(json.dumps(row) + "\n")
+            passed = passed and bool(row["ok"])
+    return passed
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=["doctor", "steps"])
-    parser.add_argument("--backend", default="peft-4bit", choices=["unsloth", "peft-4bit", "peft"])
-    parser.add_argument("--tiny", action="store_true", help="a 2-layer model of the shape (a smoke test)")
+    parser.add_argument("--backend", default="peft-4bit", choices=["unsloth", "peft-4bit"])
+    parser.add_argument("--checks", default=",".join(LIMITS), help=f"comma-separated, in order (default: {','.join(LIMITS)})")
+    parser.add_argument("--out", type=Path, required=True, help="folder for one JSON file per check")
+    parser.add_argument("--tiny", action="store_true", help="2-layer models of small widths (also on a CPU)")
     args = parser.parse_args()
-    name = args.check if args.check == "doctor" else f"steps-{args.backend}"
-    started = time.time()
-    try:
-        row = doctor(args.tiny) if args.check == "doctor" else steps(args.backend, args.tiny)
-    except Exception as error:  # one JSON line whatever happens: the next check still runs
-        row = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:500]}"}
-    print(json.dumps({"check": name, "tiny": args.tiny} | row | {"seconds": round(time.time() - started, 1)}),
-          flush=True)
-    sys.exit(0 if row["ok"] else 1)
+    memory_model.reexec_with_malloc_settings()  # a CPU's peak resident size follows torch's allocations only so
+    sys.exit(0 if run(args.backend, args.checks.split(","), args.tiny, args.out) else 1)
 
 
 if __name__ == "__main__":

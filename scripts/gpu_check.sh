@@ -1,48 +1,40 @@
 #!/usr/bin/env bash
-# seal-lite's GPU path in one command, for one NVIDIA GPU without network access. At most 8 minutes (each check
-# has a time limit; they add up to 480 s). One JSON line per check on stdout ("ok": true/false), progress and
-# library noise on stderr:
-#   1. doctor              hardware, backends, and the masking self-test + one GRPO step on NF4 layers (peft-4bit)
-#   2. steps-unsloth       two real SEAL steps on real BFCL tasks, Qwen2.5-1.5B-shaped random policy, Unsloth QLoRA
-#   3. steps-peft-4bit     the same with transformers + bitsandbytes + peft
-#   4. gpu_memory          benchmarks/gpu_memory.py --measure, one shape per process, memory capped to the card the
-#                          recipe targets: Qwen2.5-3B at 16k under 15 GB (colab-t4), 7B at 16k under 24 GB (gpu-24gb)
-# Models are random-init of the real shapes with a tokenizer built locally (no hub). Bring the wheels first:
+# seal-lite's GPU path in one command, for one NVIDIA GPU without network access, in at most about 6 minutes
+# with the wheels' install. Two processes, so Unsloth never patches the peft-4bit one:
+#   unsloth     steps, adapter, over_length, memory, timing   (at most 270 s; scripts/gpu_check.py says what each is)
+#   peft-4bit   steps, adapter                                 (at most 70 s)
+# Each check writes OUT/<backend>-<check>.json the moment it ends ("ok": true/false), each process its whole
+# output to OUT/<backend>.log (Unsloth prints banners on stdout); at the end the JSON lines are printed together.
+# A process over its limit is stopped; the checks it finished keep their files. Bring the wheels first:
 #   on a machine with pip:   bash scripts/gpu_wheels.sh          (writes .whl/, about 60 MB)
 #   on the GPU machine:      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #                              --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-#   then:                    bash scripts/gpu_check.sh            (--tiny: 2-layer models, also on a CPU)
+#   then:                    OUT=/some/folder bash scripts/gpu_check.sh   (--tiny: 2-layer models, also on a CPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+out=${OUT:-gpu-check-out}
+mkdir -p "$out"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 py=${PYTHON:-python3}
 tiny=() scale=1
-[ "${1:-}" = "--tiny" ] && tiny=(--tiny) scale=5  # on a shared 2-core CPU a tiny check takes 1-2 minutes
+[ "${1:-}" = "--tiny" ] && tiny=(--tiny) scale=10  # a tiny check on a shared 2-core CPU is slower than on a GPU
 failed=0
 
-check() {  # check NAME SECONDS COMMAND...: the command's JSON line, or one saying how it ended
-  local name=$1 limit=$(($2 * scale)) out rc
-  shift 2
-  out=$(timeout "$limit" "$@")
-  rc=$?
-  if [ -n "$out" ]; then echo "$out"; else
-    echo "{\"check\": \"$name\", \"ok\": false, \"error\": \"exit status $rc$([ $rc = 124 ] && echo ", over ${limit} s")\"}"
-  fi
-  [ $rc = 0 ] || failed=1
+group() {  # group BACKEND SECONDS CHECKS
+  timeout "$(($2 * scale))" "$py" scripts/gpu_check.py --backend "$1" --checks "$3" --out "$out" \
+    ${tiny[@]+"${tiny[@]}"} >"$out/$1.log" 2>&1 || failed=1
+  for check in ${3//,/ }; do
+    [ -f "$out/$1-$check.json" ] \
+      || echo "{\"check\": \"$1-$check\", \"ok\": false, \"error\": \"not run: the process ended (see $1.log)\"}" \
+        >"$out/$1-$check.json"
+    cat "$out/$1-$check.json"
+  done
 }
 
-check doctor 90 "$py" scripts/gpu_check.py doctor ${tiny[@]+"${tiny[@]}"}
-if [ ${#tiny[@]} = 0 ] || "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
-  check steps-unsloth 120 "$py" scripts/gpu_check.py steps --backend unsloth ${tiny[@]+"${tiny[@]}"}
+if "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+  group unsloth 270 steps,adapter,over_length,memory,timing
 else
-  echo '{"check": "steps-unsloth", "ok": null, "skipped": "no GPU: Unsloth needs one"}'
+  echo '{"check": "unsloth", "ok": null, "skipped": "no GPU: Unsloth needs one"}' | tee "$out/unsloth.json"
 fi
-check steps-peft-4bit 90 "$py" scripts/gpu_check.py steps --backend peft-4bit ${tiny[@]+"${tiny[@]}"}
-if [ ${#tiny[@]} = 0 ]; then
-  check gpu_memory-3b 70 "$py" benchmarks/gpu_memory.py --measure --json --shapes 3b --tokens 16384 --cap-gb 15
-  check gpu_memory-7b 110 "$py" benchmarks/gpu_memory.py --measure --json --shapes 7b --tokens 16384 --cap-gb 24
-else
-  check gpu_memory-tiny 120 "$py" benchmarks/gpu_memory.py --measure --json --tiny --shapes 1.5b --tokens 1024 \
-    --backend peft-4bit
-fi
+group peft-4bit 70 steps,adapter$([ ${#tiny[@]} = 1 ] && echo ",over_length,memory,timing")
 exit $failed

@@ -6,9 +6,11 @@ One generate call over B left-padded rows of width W, making up to N new tokens 
 * the KV cache: B x (W + N) x layers x 2 x kv_heads x head_dim, in the compute dtype;
 * Unsloth only: a second copy of it at the first decode step (its paged decode buffers are filled from the
   prefill cache: unsloth/models/_decode_graphs.py, ``alloc_decode_buffers``);
-* the attention mask of a padded prefill, B x W x W: bool on transformers' SDPA path, 16-bit on Unsloth's
-  inference path (unsloth/models/llama.py builds it with ``_prepare_4d_causal_attention_mask_for_sdpa``);
-* the MLP's intermediates of one layer, ``MLP_COPIES`` x B x W x intermediate_size;
+* the attention mask of a padded prefill, B x W x W: on transformers' path a bool mask, which torch's SDPA turns
+  into an additive one in the compute dtype inside each layer's attention; on Unsloth's inference path one 16-bit
+  mask (unsloth/models/llama.py builds it with ``_prepare_4d_causal_attention_mask_for_sdpa``);
+* the MLP's intermediates of one layer, ``MLP_COPIES`` x B x W x intermediate_size (freed before the next layer's
+  attention makes its additive mask, so only the larger of the two counts);
 * a few hidden-state-sized tensors (residual, normed input, attention output), ``HIDDEN_COPIES`` x B x W x hidden;
 * the last position's logits, B x vocab in fp32.
 
@@ -27,7 +29,6 @@ from dataclasses import dataclass
 GIB = 2**30
 MLP_COPIES = {"unsloth": 2, "transformers": 3}
 HIDDEN_COPIES = 4
-MASK_BYTES = {"unsloth": 2, "transformers": 1}  # per mask element: 16-bit, bool
 CUDA_CONTEXT = 0.6 * GIB  # the CUDA context and the kernels' workspaces (an estimate, not measured here)
 NF4_BYTES = 0.5 + 0.127 / 8  # 4 bits per weight, plus double-quantized block scales (~0.127 bits)
 
@@ -90,7 +91,8 @@ def generate_bytes(shape: Shape, rows: int, width: int, new_tokens: int, dtype_b
     terms = {
         "kv_cache": kv,
         "kv_copy": kv if engine == "unsloth" else 0,
-        "mask": rows * width * width * MASK_BYTES[engine],
+        "mask": rows * width * width * (2 if engine == "unsloth" else 1),
+        "mask_in_attention": 0 if engine == "unsloth" else rows * width * width * dtype_bytes,
         "mlp": MLP_COPIES[engine] * rows * width * shape.intermediate * dtype_bytes,
         "hidden": HIDDEN_COPIES * rows * width * shape.hidden * dtype_bytes,
         "logits": rows * shape.vocab * 4,
@@ -99,10 +101,11 @@ def generate_bytes(shape: Shape, rows: int, width: int, new_tokens: int, dtype_b
 
 
 def generate_peak(shape: Shape, rows: int, width: int, new_tokens: int, dtype_bytes: int, engine: str) -> int:
-    """The peak a generate call adds: the prefill's transients on its KV cache, or at the first decode step the
-    cache with Unsloth's copy of it, whichever is larger."""
+    """The peak a generate call adds: the prefill's transients on its KV cache (the MLP's or the attention's
+    additive mask, whichever is larger), or at the first decode step the cache with Unsloth's copy of it."""
     terms = generate_bytes(shape, rows, width, new_tokens, dtype_bytes, engine)
-    prefill = terms["kv_cache"] + terms["mask"] + terms["mlp"] + terms["hidden"] + terms["logits"]
+    prefill = (terms["kv_cache"] + terms["mask"] + terms["hidden"] + terms["logits"]
+               + max(terms["mlp"], terms["mask_in_attention"]))
     first_decode = terms["kv_cache"] + terms["kv_copy"] + terms["logits"]
     return max(prefill, first_decode)
 

@@ -52,7 +52,7 @@ def test_the_models_generate_peaks_are_within_20_percent_of_measured_ones_on_thi
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 10 and len({row["shape"] for row in rows}) == 2
+    assert len(rows) == 13 and len({row["shape"] for row in rows}) == 3
     for row in rows:
         assert 0.8 <= row["ratio"] <= 1.2, row
 
