@@ -76,6 +76,8 @@ class Checks:
 
     @functools.cached_property
     def model_dir(self) -> str:  # built by the first check that needs it, so a failure is that check's
+        if self.backend == "unsloth":
+            import unsloth  # noqa: F401  (first: it patches transformers, peft and trl, which building a model imports)
         return gpu_memory.random_model_dir(steps_shape(self.tiny), str(self.work / "model"))
 
     def steps(self) -> dict:
