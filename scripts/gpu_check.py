@@ -2,8 +2,8 @@
 paid once), in order, each writing ``OUT/<backend>-<check>.json`` the moment it ends ("ok" says whether it passed),
 so a run stopped by its time limit still leaves every finished check.
 
-    python scripts/gpu_check.py --backend unsloth --out OUT [--tiny]
-    python scripts/gpu_check.py --backend peft-4bit --out OUT [--tiny]
+    python scripts/gpu_check.py --backend unsloth --out OUT [--checks steps,adapter,...] [--tiny]
+    python scripts/gpu_check.py --backend peft-4bit --out OUT --checks steps,adapter [--tiny]
 
 The checks, each against what can break on a GPU (docs/gpu.md):
   steps         one real SEAL step on real BFCL tasks (rollouts, verdicts, labels, weights, GRPO update) with a
