@@ -88,7 +88,7 @@ def generate_bytes(shape: Shape, rows: int, width: int, new_tokens: int, dtype_b
     """The peak one generate call adds, by term (bytes): ``rows`` left-padded to ``width`` prompt tokens, each
     making up to ``new_tokens``. ``engine``: "unsloth", or "transformers" (the peft backends, GPU or CPU)."""
     kv = rows * (width + new_tokens) * shape.layers * 2 * shape.kv_heads * shape.head_dim * dtype_bytes
-    terms = {
+    return {
         "kv_cache": kv,
         "kv_copy": kv if engine == "unsloth" else 0,
         "mask": rows * width * width * (2 if engine == "unsloth" else 1),
@@ -97,7 +97,6 @@ def generate_bytes(shape: Shape, rows: int, width: int, new_tokens: int, dtype_b
         "hidden": HIDDEN_COPIES * rows * width * shape.hidden * dtype_bytes,
         "logits": rows * shape.vocab * 4,
     }
-    return terms
 
 
 def generate_peak(shape: Shape, rows: int, width: int, new_tokens: int, dtype_bytes: int, engine: str) -> int:

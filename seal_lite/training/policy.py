@@ -114,7 +114,8 @@ def _probe_unsloth() -> str | None:
     import subprocess
     import sys
 
-    probe = "from seal_lite.training.policy import _import_unsloth as i; e = i(); print(e or '', end=''); exit(bool(e))"
+    probe = ("import sys; from seal_lite.training.policy import _import_unsloth; error = _import_unsloth(); "
+             "print(error or '', end=''); sys.exit(bool(error))")
     try:
         done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
