@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # seal-lite's GPU path in one command, for one NVIDIA GPU without network access, in at most about 6 minutes
 # with the wheels' install. Two processes, so Unsloth never patches the peft-4bit one:
-#   unsloth     steps, adapter, over_length, memory, timing   (at most 270 s; scripts/gpu_check.py says what each is)
-#   peft-4bit   steps, adapter                                 (at most 70 s)
+#   unsloth     steps, parity, parity_fp16, adapter, over_length, memory, timing   (at most 270 s)
+#   peft-4bit   steps, parity                                                     (at most 60 s)
+# (scripts/gpu_check.py says what each check is.)
 # Each check writes OUT/<backend>-<check>.json the moment it ends ("ok": true/false), each process its whole
 # output to OUT/<backend>.log (Unsloth prints banners on stdout); at the end the JSON lines are printed together.
 # A process over its limit is stopped; the checks it finished keep their files. Bring the wheels first:
@@ -32,9 +33,9 @@ group() {  # group BACKEND SECONDS CHECKS
 }
 
 if "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
-  group unsloth 270 steps,adapter,over_length,memory,timing
+  group unsloth 270 steps,parity,parity_fp16,adapter,over_length,memory,timing
 else
   echo '{"check": "unsloth", "ok": null, "skipped": "no GPU: Unsloth needs one"}' | tee "$out/unsloth.json"
 fi
-group peft-4bit 70 steps,adapter$([ ${#tiny[@]} = 1 ] && echo ",over_length,memory,timing")
+group peft-4bit 60 steps,parity$([ ${#tiny[@]} = 1 ] && echo ",parity_fp16,adapter,over_length,memory,timing")
 exit $failed

@@ -141,6 +141,9 @@ def policy_problems(policy) -> list[Problem]:
     elif policy.backend == "unsloth" and not _cuda_available():
         problems.append(("policy.backend", "unsloth", "Unsloth needs an NVIDIA GPU and torch sees none; use auto, "
                          "peft-4bit or peft"))
+    if policy.dtype == "float16" and not _cuda_available():
+        problems.append(("policy.dtype", "float16", "float16 training needs a GPU (torch sees none); use auto, "
+                         "bfloat16 or float32"))
     if policy.device == "gpu" and policy.backend != "unsloth" and not _cuda_available():
         problems.append(("policy.device", "gpu", "this recipe needs an NVIDIA GPU and torch sees none (`seal-lite "
                          "doctor` says why: no GPU, or a torch build the driver cannot run); run it on a GPU machine, "

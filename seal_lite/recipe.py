@@ -48,10 +48,11 @@ class PolicyConfig(_Section):
         description="Policy model: a registry name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
         "shipped as GGUF in pip packages), a local model directory, a local .gguf file, or a hub id.",
     )
-    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
         "auto", description="Training dtype. auto: bfloat16 on a GPU with native bf16 (float16 before Ampere, "
         "e.g. a T4); on a CPU bfloat16 only with AVX512_BF16 or AMX (1.7x faster than float32 there), else float32 "
-        "(emulated bf16 is 5-20x slower). `seal-lite doctor` shows the choice and why."
+        "(emulated bf16 is 5-20x slower). float16 (GPU only): what auto picks on a T4, named to train with a T4's "
+        "numerics on a newer card. `seal-lite doctor` shows the choice and why."
     )
     lora_r: int = Field(8, ge=1, description="LoRA rank.")
     lora_alpha: int = Field(16, ge=1, description="LoRA scaling numerator (scale = alpha / r).")

@@ -20,7 +20,7 @@ def test_gpu_check_tiny_runs_every_check_and_leaves_one_json_file_each(tmp_path)
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "--tiny"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=1200, check=False)  # a failed check must show its JSON line
     rows = {row["check"]: row for row in map(json.loads, done.stdout.splitlines())}
-    checks = ["steps", "adapter", "over_length", "memory", "timing"]
+    checks = ["steps", "parity", "parity_fp16", "adapter", "over_length", "memory", "timing"]
     assert list(rows) == ["unsloth"] + [f"peft-4bit-{check}" for check in checks], done.stdout + done.stderr
     log = (tmp_path / "peft-4bit.log").read_text()
     assert done.returncode == 0, done.stdout + log[-3000:]
@@ -31,6 +31,9 @@ def test_gpu_check_tiny_runs_every_check_and_leaves_one_json_file_each(tmp_path)
     steps = rows["peft-4bit-steps"]
     assert steps["backend"] == "peft-4bit" and steps["linear4bit_layers"] == 2 * 7 and not steps["unsloth_trainer"]
     assert steps["lora_changed"] > 0 and steps["trainable_dtypes"] == ["float32"] and not steps["pad_is_stop"]
+    parity = rows["peft-4bit-parity"]
+    assert parity["relative_difference"] <= parity["tolerance"] and parity["environment_tokens"] > 0
+    assert rows["peft-4bit-parity_fp16"]["skipped"] == "float16 training needs a GPU"
     assert rows["peft-4bit-adapter"]["lora_weights"] == rows["peft-4bit-adapter"]["trained_lora_weights"] == 2 * 7 * 2
     long = rows["peft-4bit-over_length"]
     assert long["padded_width"] > long["context"] and long["lora_changed"] > 0

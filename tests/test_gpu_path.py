@@ -130,7 +130,7 @@ def test_the_unsloth_backend_loads_the_model_named_with_room_for_the_widest_row(
     import unsloth
 
     (_, name, kwargs), _ = unsloth.CALLS
-    assert name == tiny_model_dir and kwargs["use_exact_model_name"] is True
+    assert name == tiny_model_dir and kwargs["use_exact_model_name"] is True and kwargs["dtype"] is None
     assert kwargs["max_seq_length"] == model.max_seq_length == 4096
 
 
@@ -213,4 +213,12 @@ def test_a_gpu_recipe_without_a_gpu_is_refused_before_anything_is_written(tmp_pa
     assert result.exit_code == 2, result.output
     assert "policy.device" in result.output and "needs an NVIDIA GPU and torch sees none" in result.output
     assert "--set policy.device=auto" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+@cpu_only
+def test_float16_is_refused_without_a_gpu(tmp_path):
+    """float16 is for a GPU: what auto picks on a T4, named to check a T4's numerics on a newer card."""
+    result = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "r"), "--set", "policy.dtype=float16"])
+    assert result.exit_code == 2 and "policy.dtype" in result.output and "float16 training needs a GPU" in result.output
     assert not (tmp_path / "r").exists()

@@ -155,7 +155,8 @@ def load_policy(model_dir: str, recipe: Recipe) -> Policy:
         checkpointing = torch.cuda.is_available()
     dtype, _ = pick_dtype(recipe.policy.dtype, torch.cuda.is_available())
     if backend == "unsloth":
-        model, tokenizer = _load_unsloth(model_dir, recipe, checkpointing)
+        unsloth_dtype = None if recipe.policy.dtype == "auto" else dtype  # None: Unsloth's own choice
+        model, tokenizer = _load_unsloth(model_dir, recipe, checkpointing, unsloth_dtype)
         policy = Policy(model, tokenizer, backend, reason, model.dtype, None, False, _unsloth_generation_mode,
                         model.max_seq_length)
     else:
@@ -268,6 +269,8 @@ def pick_dtype(name: str, cuda_available: bool = False, cpuinfo: str | None = No
         return torch.float32, "requested in the recipe"
     if name == "bfloat16":
         return torch.bfloat16, "requested in the recipe"
+    if name == "float16":
+        return torch.float16, "requested in the recipe"
     if cuda_available:
         if not torch.cuda.is_bf16_supported(including_emulation=False):
             return torch.float16, "auto: the GPU has no native bf16 (before Ampere, e.g. a T4)"
@@ -364,7 +367,7 @@ def unsloth_max_seq_length(max_context_tokens: int, max_position_embeddings: int
     return min(2 * max_context_tokens, max_position_embeddings)
 
 
-def _load_unsloth(model_dir: str, recipe: Recipe, checkpointing: bool):
+def _load_unsloth(model_dir: str, recipe: Recipe, checkpointing: bool, dtype=None):
     from transformers import AutoConfig
     from unsloth import FastLanguageModel  # first: it patches transformers, peft and trl
 
@@ -373,7 +376,7 @@ def _load_unsloth(model_dir: str, recipe: Recipe, checkpointing: bool):
         model_name=model_dir,
         max_seq_length=unsloth_max_seq_length(recipe.rollout.max_context_tokens, window),
         load_in_4bit=True,
-        dtype=None,  # Unsloth picks bf16, or fp16 where the GPU lacks bf16
+        dtype=dtype,  # None (auto): Unsloth picks bf16, or fp16 where the GPU lacks bf16
         # the model named, not Unsloth's pre-quantized mirror of it (its mapper swaps Qwen/... for unsloth/...-bnb-4bit,
         # which fails offline and trains another base than the store records)
         use_exact_model_name=True,
