@@ -29,46 +29,19 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import dataclass
+
+from seal_lite.memory import KNOWN_SHAPES, Shape
 
 GB = 1024**3
 
 
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    tied: bool
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    def block_params(self) -> int:
-        kv = self.kv_heads * self.head_dim
-        attention = self.hidden * self.hidden * 2 + self.hidden * kv * 2
-        return self.layers * (attention + 3 * self.hidden * self.intermediate)
-
-    def embedding_params(self) -> int:
-        return self.vocab * self.hidden * (1 if self.tied else 2)
-
-    def lora_params(self, rank: int) -> int:
-        kv = self.kv_heads * self.head_dim
-        pairs = [(self.hidden, self.hidden)] * 2 + [(self.hidden, kv)] * 2 + [(self.hidden, self.intermediate)] * 3
-        return self.layers * rank * sum(a + b for a, b in pairs)
-
-
 # Qwen2.5-*-Instruct configurations (config.json of each model)
 SHAPES = {
-    "1.5b": Shape("Qwen2.5-1.5B", 1536, 28, 12, 2, 8960, 151936, True),
-    "3b": Shape("Qwen2.5-3B", 2048, 36, 16, 2, 11008, 151936, True),
-    "7b": Shape("Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, False),
+    "1.5b": Shape(28, 1536, 8960, 12, 2, 128, 151936, True),
+    "3b": KNOWN_SHAPES["Qwen/Qwen2.5-3B-Instruct"],
+    "7b": KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"],
 }
+TINY = Shape(2, 64, 128, 4, 2, 16, 8192, True)  # --tiny: a 2-layer model, a smoke test
 
 
 def estimate(shape: Shape, tokens: int, rollouts: int, rank: int = 16, chunk: int = 1024) -> dict[str, float]:
@@ -78,8 +51,9 @@ def estimate(shape: Shape, tokens: int, rollouts: int, rank: int = 16, chunk: in
     The training step and the rollouts do not overlap in time; the peak is the larger of the two plus the
     memory both hold (weights, LoRA state, the CUDA context).
     """
+    embeddings = shape.vocab * shape.hidden * (1 if shape.tied_embeddings else 2)
     shared = {
-        "weights (4-bit blocks + bf16 embeddings)": (shape.block_params() * 0.5 * 1.06 + shape.embedding_params() * 2) / GB,
+        "weights (4-bit blocks + bf16 embeddings)": (shape.linear_params() * 0.5 * 1.06 + embeddings * 2) / GB,
         "LoRA params + grads + AdamW (fp32)": shape.lora_params(rank) * 16 / GB,
         "CUDA context + allocator slack": 0.8,
     }
@@ -102,8 +76,8 @@ def estimate(shape: Shape, tokens: int, rollouts: int, rank: int = 16, chunk: in
 def print_estimates(rollouts: int) -> None:
     print(f"ESTIMATE (arithmetic from the shapes, not a measurement): 4-bit QLoRA r=16, bf16, gradient "
           f"checkpointing, log-probs in 1k-token chunks, {rollouts} rollouts generated together\n")
-    rows = [(shape, tokens, estimate(shape, tokens, rollouts)) for shape in SHAPES.values() for tokens in (8192, 16384)]
-    print(f"{'component (GB)':44s}" + "".join(f"{s.name[8:]:>7s}@{t // 1024}k" for s, t, _ in rows))
+    rows = [(name, tokens, estimate(shape, tokens, rollouts)) for name, shape in SHAPES.items() for tokens in (8192, 16384)]
+    print(f"{'component (GB)':44s}" + "".join(f"{name:>7s}@{t // 1024}k" for name, t, _ in rows))
     for name in rows[0][2]:
         print(f"{name:44s}" + "".join(f"{e[name]:11.2f}" for _, _, e in rows))
 
@@ -178,7 +152,7 @@ def random_model_dir(shape: Shape, directory: str) -> str:
     config = Qwen2Config(
         vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
         num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, intermediate_size=shape.intermediate,
-        tie_word_embeddings=shape.tied, max_position_embeddings=32768, bos_token_id=specials["<|endoftext|>"],
+        head_dim=shape.head_dim, tie_word_embeddings=shape.tied_embeddings, max_position_embeddings=32768, bos_token_id=specials["<|endoftext|>"],
         eos_token_id=specials["<|im_end|>"], pad_token_id=specials["<|endoftext|>"],
     )
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -242,7 +216,7 @@ def measure(shape: Shape, tokens: int, rollouts: int, backend: str = "auto", mic
                            pad_token_id=policy.tokenizer.pad_token_id)
         generate_s = time.time() - started
         generate_peak = torch.cuda.max_memory_allocated() / GB if cuda else float("nan")
-        figures = {"shape": shape.name, "tokens": tokens, "rollouts": rollouts, "backend": policy.backend,
+        figures = {"tokens": tokens, "rollouts": rollouts, "backend": policy.backend,
                    "micro_batch": trainer.args.per_device_train_batch_size, "updates": len(timings), "train_peak_gb": train_peak,
                    "generate_peak_gb": generate_peak, "update_s": timings[-1] if timings else float("nan"),
                    "generate_s": generate_s}
@@ -305,12 +279,11 @@ def main() -> None:
         print("\nMEASURED: shape, tokens, backend, train peak GB, generate peak GB, s/update, s/generate")
     failed = False
     for name in args.shapes.split(","):
-        shape = SHAPES[name]
-        if args.tiny:
-            shape = Shape(f"tiny-{name}", 64, 2, 4, 2, 128, 8192, shape.tied)
+        shape = TINY if args.tiny else SHAPES[name]
+        name = f"tiny-{name}" if args.tiny else f"Qwen2.5-{name.upper()}"
         for tokens in (int(t) for t in args.tokens.split(",")):
             tokens, rollouts = (1024, min(args.rollouts, 2)) if args.tiny else (tokens, args.rollouts)
-            row = {"check": "gpu_memory", "shape": shape.name, "tokens": tokens, "cap_gb": args.cap_gb}
+            row = {"check": "gpu_memory", "shape": name, "tokens": tokens, "cap_gb": args.cap_gb}
             started = time.time()
             try:
                 row |= measure(shape, tokens, rollouts, args.backend, args.micro_batch) | {"ok": True}
@@ -324,10 +297,10 @@ def main() -> None:
                 print(json.dumps({key: None if isinstance(value, float) and math.isnan(value) else value
                                   for key, value in row.items()}), flush=True)
             elif row["ok"]:
-                print(f"{shape.name:14s} {tokens:6d} {row['backend']:9s} {row['train_peak_gb']:7.2f} "
+                print(f"{name:14s} {tokens:6d} {row['backend']:9s} {row['train_peak_gb']:7.2f} "
                       f"{row['generate_peak_gb']:7.2f} {row['update_s']:8.1f} {row['generate_s']:8.1f}", flush=True)
             else:
-                print(f"{shape.name:14s} {tokens:6d} FAILED {row['error']}", flush=True)
+                print(f"{name:14s} {tokens:6d} FAILED {row['error']}", flush=True)
     if failed:
         raise SystemExit(1)
 

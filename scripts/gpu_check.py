@@ -52,9 +52,8 @@ TINY_MEMORY = {"tiny-a": memory.Shape(2, 256, 1024, 4, 2, 64, 8192, True),
                "tiny-b": memory.Shape(2, 192, 512, 3, 1, 64, 8192, True)}
 
 
-def steps_shape(tiny: bool) -> gpu_memory.Shape:
-    real = gpu_memory.SHAPES["1.5b"]
-    return gpu_memory.Shape("tiny-1.5b", 64, 2, 4, 2, 128, 8192, real.tied) if tiny else real
+def steps_shape(tiny: bool) -> memory.Shape:
+    return gpu_memory.TINY if tiny else gpu_memory.SHAPES["1.5b"]
 
 
 def check_recipe(model_dir: str, backend: str, tiny: bool, **overrides):
@@ -269,9 +268,7 @@ class Checks:
         for name, context, budget in cases:
             full = TINY_MEMORY[name] if self.tiny else memory.KNOWN_SHAPES[name]
             shape = dataclasses.replace(full, layers=2 if self.tiny else 4)  # real widths, truncated depth
-            model_dir = gpu_memory.random_model_dir(gpu_memory.Shape(
-                name, shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.intermediate, shape.vocab,
-                shape.tied_embeddings), str(self.work / f"memory-{len(rows)}"))
+            model_dir = gpu_memory.random_model_dir(shape, str(self.work / f"memory-{len(rows)}"))
             recipe = check_recipe(model_dir, self.backend, self.tiny, **{
                 "rollout.max_context_tokens": context, "rollout.generation_token_budget": budget,
                 "rollout.max_new_tokens": 16, "rollout.generation_batch_size": 16,
