@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import signal
 import sys
 import tempfile
@@ -105,11 +106,11 @@ class Checks:
         trainer = build_trainer(policy, recipe, list(tasks), forced_signal, str(self.work / "trl"))
         trainer.args.save_strategy = "no"
         step.generator = TransformersGenerator(trainer.model, policy.tokenizer, policy.generation_mode)
-        before = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
+        before = _trainable_snapshot(trainer.model)
         started = time.time()
         trainer.train()
         after = dict(trainer.model.named_parameters())
-        moved = sum(int((after[name].detach() != p).sum()) for name, p in before.items())
+        moved = _entries_changed(trainer.model, before)
         trainer.model.save_pretrained(str(self.work / "adapter"))
         self.trained = {name.replace(".default", ""): p.detach().float().cpu()
                         for name, p in trainer.model.named_parameters() if "lora_" in name}
@@ -160,7 +161,6 @@ class Checks:
         from transformers import TrainerCallback
 
         from seal_lite.loop import RolloutBatch
-        from seal_lite.training.grpo import build_trainer
         from seal_lite.training.policy import load_policy
 
         recipe = check_recipe(self.model_dir, self.backend, self.tiny, **{
@@ -169,19 +169,14 @@ class Checks:
             "policy.dtype": dtype})
         policy = load_policy(self.model_dir, recipe)
         generator = torch.Generator().manual_seed(0)
-        vocab = len(policy.tokenizer)
+        ids = functools.partial(_token_ids, generator, len(policy.tokenizer))
         size = 1 if self.tiny else 8
-
-        def ids(n):  # ordinary tokens: no special token (pad, stop) inside a row
-            return torch.randint(10, vocab - 10, (n,), generator=generator).tolist()
-
         prompt = ids(64 * size)
         masks = [[1] * 8 * size + [0] * 32 * size + [1] * 8 * size,
                  [1] * 8 * size + [0] * 32 * size + [1] * 16 * size]
         batch = RolloutBatch(prompt_ids=[prompt, prompt], completion_ids=[ids(len(m)) for m in masks],
                              env_mask=masks, rewards=[1.0, 0.0], advantages=[1.0, -1.0])
-        trainer = build_trainer(policy, recipe, ["task"], lambda prompts: batch, str(self.work / f"trl-parity-{dtype}"))
-        trainer.args.save_strategy = "no"
+        trainer = _trainer_on(policy, recipe, batch, self.work / f"trl-parity-{dtype}")
         model = trainer.model
         lora = {name: p for name, p in model.named_parameters() if p.requires_grad}
         with torch.no_grad():  # LoRA B is 0 at first, and A would then get no gradient: give both one
@@ -193,13 +188,15 @@ class Checks:
         model.zero_grad()
         temperature = recipe.rollout.temperature
         os.environ["UNSLOTH_RETURN_LOGITS"] = "1"  # Unsloth's training forward may skip logits otherwise
-        for completion, mask, advantage in zip(batch.completion_ids, masks, batch.advantages, strict=True):
-            row = torch.tensor([prompt + completion], device=model.device)
-            logits = model(input_ids=row).logits[0, len(prompt) - 1 : -1].float() / temperature
-            logp = logits.log_softmax(-1).gather(-1, row[0, len(prompt):, None])[:, 0]
-            weights = torch.tensor(mask, device=logp.device, dtype=logp.dtype)
-            (-advantage * (logp * weights).sum() / weights.sum() / len(masks)).backward()
-        os.environ.pop("UNSLOTH_RETURN_LOGITS")
+        try:
+            for completion, mask, advantage in zip(batch.completion_ids, masks, batch.advantages, strict=True):
+                row = torch.tensor([prompt + completion], device=model.device)
+                logits = model(input_ids=row).logits[0, len(prompt) - 1 : -1].float() / temperature
+                logp = logits.log_softmax(-1).gather(-1, row[0, len(prompt):, None])[:, 0]
+                weights = torch.tensor(mask, device=logp.device, dtype=logp.dtype)
+                (-advantage * (logp * weights).sum() / weights.sum() / len(masks)).backward()
+        finally:  # the next checks' trainers run as a run's would
+            os.environ.pop("UNSLOTH_RETURN_LOGITS")
         reference = {name: p.grad.detach().float().clone() for name, p in lora.items()}
         model.zero_grad()
 
@@ -225,7 +222,6 @@ class Checks:
         import torch
 
         from seal_lite.loop import RolloutBatch
-        from seal_lite.training.grpo import build_trainer
         from seal_lite.training.policy import load_policy
 
         context = 1024 if self.tiny else 8192
@@ -234,22 +230,15 @@ class Checks:
                                                                            "grpo.mini_batches": 1})
         policy = load_policy(self.model_dir, recipe)
         long, short = context * 3 // 4, context // 8
-        vocab = len(policy.tokenizer)
-        generator = torch.Generator().manual_seed(0)
-
-        def ids(n):
-            return torch.randint(10, vocab - 10, (n,), generator=generator).tolist()
-
+        ids = functools.partial(_token_ids, torch.Generator().manual_seed(0), len(policy.tokenizer))
         env_mask = [1] * 8 + [0] * (long - 16) + [1] * 8  # model, tool results, model
         batch = RolloutBatch(prompt_ids=[ids(long), ids(short)], completion_ids=[ids(short), ids(long)],
                              env_mask=[[1] * short, env_mask], rewards=[1.0, 0.0], advantages=[1.0, -1.0])
-        trainer = build_trainer(policy, recipe, ["task"], lambda prompts: batch, str(self.work / "trl-long"))
-        trainer.args.save_strategy = "no"
-        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-        result = trainer.train()
-        moved = sum(int((p.detach() != before[n]).sum()) for n, p in trainer.model.named_parameters() if n in before)
-        loss = float(result.training_loss)
-        return {"ok": moved > 0 and loss == loss and abs(loss) != float("inf"), "padded_width": long + long,
+        trainer = _trainer_on(policy, recipe, batch, self.work / "trl-long")
+        before = _trainable_snapshot(trainer.model)
+        loss = float(trainer.train().training_loss)
+        moved = _entries_changed(trainer.model, before)
+        return {"ok": moved > 0 and math.isfinite(loss), "padded_width": long + long,
                 "context": context, "max_sequence_width": policy.max_sequence_width, "loss": loss,
                 "lora_changed": moved}
 
@@ -310,6 +299,31 @@ class Checks:
         return {"ok": True, "rows": rows, "prompt": prompt, "new_tokens": new, "prefill_s": round(seconds["prefill"], 3),
                 "decode_ms_per_step": round(decode_ms, 2),
                 "prefill_tokens_per_s": round(rows * prompt / seconds["prefill"])}
+
+
+def _token_ids(generator, vocab: int, n: int) -> list[int]:
+    """``n`` random ordinary token ids: no special token (pad, stop; the first few ids) inside a row."""
+    import torch
+
+    return torch.randint(10, vocab - 10, (n,), generator=generator).tolist()
+
+
+def _trainer_on(policy, recipe, batch, out_dir: Path):
+    """SEAL's trainer whose every step updates on ``batch``, saving nothing."""
+    from seal_lite.training.grpo import build_trainer  # after the policy: Unsloth patches trl on import
+
+    trainer = build_trainer(policy, recipe, ["task"], lambda prompts: batch, str(out_dir))
+    trainer.args.save_strategy = "no"
+    return trainer
+
+
+def _trainable_snapshot(model) -> dict:
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _entries_changed(model, before: dict) -> int:
+    """How many entries of the trainable weights differ from ``before``."""
+    return sum(int((p.detach() != before[name]).sum()) for name, p in model.named_parameters() if name in before)
 
 
 def _generate_peak(policy, rows: int, width: int, new: int, cuda: bool) -> int:
