@@ -21,13 +21,13 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from seal_lite.agent import rollout_group
-from seal_lite.diagnosis.diagnoser import Diagnoser, failed_turns
-from seal_lite.diagnosis.explainer import FailedTurn
-from seal_lite.diagnosis.verifier import diagnose_episode
+from seal_lite.core.explainer import FailedTurn
+from seal_lite.core.recipe import DiagnoserConfig, Recipe
+from seal_lite.engines.model_sources import resolve_gguf
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.models import resolve_gguf
-from seal_lite.recipe import DiagnoserConfig, Recipe
+from seal_lite.step.diagnoser import Diagnoser, failed_turns
+from seal_lite.step.rollout import rollout_group
+from seal_lite.step.verifier import diagnose_episode
 
 ROOT = Path(__file__).parent.parent
 CORPUS = ROOT / "benchmarks" / "results" / "failed_turns.jsonl"
@@ -38,8 +38,8 @@ MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b")
 def collect_corpus(num_tasks: int, threads: int) -> list[dict]:
     from transformers import AutoTokenizer
 
-    from seal_lite.llamacpp import LlamaCppGenerator
-    from seal_lite.models import resolve_model
+    from seal_lite.engines.llamacpp import LlamaCppGenerator
+    from seal_lite.engines.model_sources import resolve_model
 
     recipe = Recipe()
     rollout = recipe.rollout.model_copy(update={"num_generations": 2, "max_new_tokens": 96})

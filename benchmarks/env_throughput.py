@@ -18,9 +18,9 @@ import os
 import time
 from pathlib import Path
 
-from seal_lite.diagnosis.verifier import diagnose_episode, verify_lines
 from seal_lite.envs.bfcl import load_tasks, official_verdict, replay_calls
 from seal_lite.envs.mutations import corpus
+from seal_lite.step.verifier import diagnose_episode, verify_lines
 
 DATA = Path(__file__).parent.parent / "data"
 

@@ -30,7 +30,7 @@ import math
 import tempfile
 import time
 
-from seal_lite.memory import KNOWN_SHAPES, Shape
+from seal_lite.core.memory import KNOWN_SHAPES, Shape
 
 GB = 1024**3
 
@@ -88,7 +88,7 @@ def synthetic_batch(tokens: int, rollouts: int, vocab: int, seed: int = 0):
     +1/-1."""
     import torch
 
-    from seal_lite.loop import RolloutBatch
+    from seal_lite.step.algorithm import RolloutBatch
 
     generator = torch.Generator().manual_seed(seed)
     prompt = min(3072, tokens // 4)
@@ -178,8 +178,8 @@ def measure(shape: Shape, tokens: int, rollouts: int, backend: str = "auto", mic
     """Peak memory and seconds of GRPO updates and of a batched generation for one shape and length."""
     import torch
 
-    from seal_lite.recipe import load_recipe
-    from seal_lite.training.policy import load_policy
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.engines.policy import load_policy
 
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as directory:

@@ -95,14 +95,14 @@ HARNESS = textwrap.dedent("""
     import torch
     from transformers import Trainer
 
-    from seal_lite import loop
-    from seal_lite.store import Store
+    from seal_lite.step import algorithm
+    from seal_lite.engines.store import Store
     from seal_lite.testing import script_generation, sometimes_right
     from seal_lite.training import grpo
 
     script_generation(sometimes_right)  # a random policy never passes: mix in the ground truth, so updates happen
 
-    call = loop.SealStep.__call__
+    call = algorithm.SealStep.__call__
 
     def seal_step(self, prompts):
         step = self.step + 1
@@ -111,8 +111,8 @@ HARNESS = textwrap.dedent("""
         mark("update", step, "enter")  # the batch goes back to TRL, which updates the policy
         return batch
 
-    loop.SealStep.__call__ = seal_step
-    loop.SealStep._explain = spans("diagnosis", lambda self, *a, **k: self.step)(loop.SealStep._explain)
+    algorithm.SealStep.__call__ = seal_step
+    algorithm.SealStep._explain = spans("diagnosis", lambda self, *a, **k: self.step)(algorithm.SealStep._explain)
     Store.save_step = spans("commit", lambda self, row, *a, **k: row["step"])(Store.save_step)
     Trainer._save_checkpoint = spans("checkpoint", lambda self, *a, **k: self.state.global_step)(
         Trainer._save_checkpoint)
@@ -129,7 +129,7 @@ def make_tiny_model(path: Path) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from seal_lite.models import resolve_model
+    from seal_lite.engines.model_sources import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"), clean_up_tokenization_spaces=False)
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The memory model (seal_lite/memory.py) against measured peaks on this CPU, and its table for GPU cards.
+"""The memory model (seal_lite/core/memory.py) against measured peaks on this CPU, and its table for GPU cards.
 
     python benchmarks/memory_model.py --cpu-check          # measured vs modelled generate peaks, two shapes
     python benchmarks/memory_model.py --table              # rollout token budgets of the GPU recipes' models
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from seal_lite.memory import GIB, KNOWN_SHAPES, Shape, generate_peak, rollout_token_budget
+from seal_lite.core.memory import GIB, KNOWN_SHAPES, Shape, generate_peak, rollout_token_budget
 
 CPU_SHAPES = {  # real widths, 2 layers (the peak of one call does not grow with depth except through the KV cache)
     "qwen2.5-0.5b-width": Shape(2, 896, 4864, 14, 2, 64, 151936, True),

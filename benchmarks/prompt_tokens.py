@@ -15,10 +15,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from seal_lite.agent import turn_text
+from seal_lite.core.interface import evaluation_interface
+from seal_lite.engines.model_sources import resolve_model
 from seal_lite.envs.bfcl import CATEGORIES, category_of, load_tasks
-from seal_lite.interface import evaluation_interface
-from seal_lite.models import resolve_model
+from seal_lite.step.rollout import turn_text
 
 DATA = Path(__file__).parent.parent / "data"
 VIEWS = ("signatures", "official")

@@ -13,27 +13,27 @@ from __future__ import annotations
 import argparse
 import time
 
-from seal_lite import profile
-from seal_lite.agent import rollout_group
+from seal_lite.core import timing
+from seal_lite.core.interface import TrainingInterface
+from seal_lite.core.recipe import load_recipe
+from seal_lite.engines.llamacpp import LlamaCppGenerator
+from seal_lite.engines.model_sources import gguf_path, resolve_model
+from seal_lite.engines.policy import load_policy
+from seal_lite.engines.transformers_generate import TransformersGenerator
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.generation import TransformersGenerator
-from seal_lite.interface import TrainingInterface
-from seal_lite.llamacpp import LlamaCppGenerator
-from seal_lite.models import gguf_path, resolve_model
-from seal_lite.recipe import load_recipe
-from seal_lite.runner import select_task_ids
-from seal_lite.training.policy import load_policy
+from seal_lite.run.train import select_task_ids
+from seal_lite.step.rollout import rollout_group
 
 
 def play(generator, tasks, recipe) -> dict[str, float]:
     interface = TrainingInterface(True, True, (), recipe.interface.tool_format)
-    profile.take()
+    timing.take()
     started = time.perf_counter()
     tokens = 0
     for task in tasks:
         for trajectory in rollout_group(task, recipe.rollout.num_generations, generator, recipe.rollout, interface):
             tokens += sum(trajectory.env_mask)
-    phases = profile.take()
+    phases = timing.take()
     return {"tokens": tokens, "generate_s": phases["generate"], "prefill_s": phases.get("prefill", 0.0),
             "decode_s": phases.get("decode", 0.0), "wall_s": time.perf_counter() - started}
 

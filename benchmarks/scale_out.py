@@ -73,7 +73,7 @@ print(time.perf_counter() - started)
 
 def core_ceiling(cores: list[int], prompt: int = 384, decode: int = 96) -> tuple[float, float]:
     """(seconds of the job alone on one core, throughput of two copies at once on two cores / one copy alone)."""
-    from seal_lite.models import gguf_path
+    from seal_lite.engines.model_sources import gguf_path
 
     job = [sys.executable, "-c", CEILING_JOB.format(prompt=prompt, decode=decode), str(gguf_path("smollm2-135m"))]
 

@@ -47,7 +47,7 @@ ENV_SEGMENTS = (150, 110)  # tokens of the two environment messages between them
 
 def default_model() -> str:
     """Qwen2.5-Coder-0.5B when its pip packages are installed, else SmolLM2-135M."""
-    from seal_lite.models import ModelSourceError, gguf_path
+    from seal_lite.engines.model_sources import ModelSourceError, gguf_path
 
     try:
         gguf_path("qwen2.5-coder-0.5b")
@@ -60,11 +60,11 @@ def rollout_batch(tokenizer, group: int, prompt_tokens: int | None, seed: int = 
     """One task's official-view opening and ``group`` multi-turn completions (see the module docstring)."""
     import torch
 
-    from seal_lite.agent import turn_text
+    from seal_lite.core.advantages import group_advantages
+    from seal_lite.core.interface import evaluation_interface
     from seal_lite.envs.bfcl import load_tasks
-    from seal_lite.interface import evaluation_interface
-    from seal_lite.loop import RolloutBatch
-    from seal_lite.training.advantages import group_advantages
+    from seal_lite.step.algorithm import RolloutBatch
+    from seal_lite.step.rollout import turn_text
 
     task = load_tasks([TASK])[0]
     prompt = tokenizer(turn_text(tokenizer, task, 0, evaluation_interface("official")),
@@ -95,9 +95,9 @@ def worker(model: str, group: int, shared: bool, prompt_tokens: int | None, thre
         torch.set_num_threads(threads)
     from transformers import TrainerCallback
 
-    from seal_lite.models import resolve_model
-    from seal_lite.recipe import load_recipe
-    from seal_lite.training.policy import load_policy
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.engines.model_sources import resolve_model
+    from seal_lite.engines.policy import load_policy
 
     recipe = load_recipe(None, {
         "policy.model": model, "policy.gradient_checkpointing": True, "data.task_ids": [TASK],

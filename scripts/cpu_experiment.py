@@ -161,9 +161,9 @@ def frontier_ids(recipe: str, out: Path, overrides: list[str], stored_only: bool
     """The tasks every run trains on: those the recipe (with ``overrides``) names, else the frontier of a screen of
     its candidates (data.num_tasks of data.split), screened into OUT/screen unless ``stored_only``."""
     from seal_lite.cli import _parse_overrides
-    from seal_lite.recipe import load_recipe
-    from seal_lite.screen import frontier, pass_rates
-    from seal_lite.store import Store
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.engines.store import Store
+    from seal_lite.step.screen import frontier, pass_rates
 
     named = load_recipe(ROOT / recipe, _parse_overrides(tuple(overrides))).data.task_ids
     if named:
@@ -181,8 +181,8 @@ def on_frontier(kept: list[str]) -> list[str]:
 def resampled_base(recipe: str, out: Path, train: list[str]) -> dict:
     """The base model's pass rate on the training tasks, played afresh (``RESAMPLE``) under the vanilla arm's plain
     view: {"by_task": {task id: pass rate}, "samples", "seed"}."""
-    from seal_lite.screen import pass_rates
-    from seal_lite.store import Store
+    from seal_lite.engines.store import Store
+    from seal_lite.step.screen import pass_rates
 
     path = out / f"base-resample-seed{RESAMPLE['seed']}"
     seal_lite("screen", recipe, "--out", str(path), "--samples", str(RESAMPLE["samples"]),
@@ -206,7 +206,7 @@ def training(run_dir: Path, first: int | None = None) -> dict:
     """The run's mean reward per step, how many steps updated the policy (the others had no signal), and the
     minutes its steps took (rollouts and updates; a pause or another job on the machine counts too); of its
     ``first`` steps only, if given."""
-    from seal_lite.store import Store
+    from seal_lite.engines.store import Store
 
     store = Store(run_dir / "seal.db")
     last = first if first is not None else float("inf")
@@ -259,7 +259,7 @@ def main() -> None:
                         help="run nothing: tabulate the records (while the experiment runs, or on another machine)")
     args = parser.parse_args()
     from seal_lite.cli import _parse_overrides
-    from seal_lite.runner import run_status
+    from seal_lite.run.train import run_status
 
     seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     views = args.views.split(",")

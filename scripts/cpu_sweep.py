@@ -39,7 +39,7 @@ WATCHED = ("grpo/kl", "grpo/entropy", "grpo/lora_norm", "grpo/grad_norm", "grpo/
 
 def run_figures(run_dir: Path, steps: int) -> dict:
     """The sweep's figures of the run's first ``steps`` steps."""
-    from seal_lite.store import Store
+    from seal_lite.engines.store import Store
 
     run = training(run_dir, first=steps)
     first, last = quarters(run["rewards"])
@@ -62,8 +62,8 @@ def main() -> None:
     parser.add_argument("--records", type=Path, default=ROOT / "docs" / "results" / "cpu-sweep",
                         help="each run's figures, to commit (default: %(default)s)")
     args = parser.parse_args()
-    from seal_lite.recipe import load_recipe
-    from seal_lite.runner import run_status
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.run.train import run_status
 
     common = [*COMMON, *args.overrides]
     kept = frontier_ids(args.recipe, args.out, common)

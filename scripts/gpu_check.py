@@ -16,7 +16,7 @@ The checks, each against what can break on a GPU (docs/gpu.md):
   over_length   an update on rows padded wider than the context (a long prompt beside a long completion): the
                 LoRA moves and the loss is finite, no row is cut
   memory        one generate call per recipe chunk at the recipes' budgets, rows of mixed lengths, on
-                layer-truncated models of the real widths (Qwen2.5-3B and 7B), peak against seal_lite/memory.py
+                layer-truncated models of the real widths (Qwen2.5-3B and 7B), peak against seal_lite/core/memory.py
   timing        one sample: 4 rows x 2k-token prompts, 64 new tokens; seconds and ms per decode step
 
 Models are random-init of the real shapes with a locally built tokenizer (benchmarks/gpu_memory.py): the GPU machine
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_memory  # noqa: E402  (benchmarks/ is not a package: found through sys.path above)
 import memory_model  # noqa: E402
 
-from seal_lite import memory  # noqa: E402
+from seal_lite.core import memory  # noqa: E402
 
 TASKS = ["multi_turn_base_0", "multi_turn_base_1"]
 # seconds each check may take on a GPU (x10 with --tiny); the unsloth process runs them all, peft-4bit the first two
@@ -58,7 +58,7 @@ def steps_shape(tiny: bool) -> memory.Shape:
 
 
 def check_recipe(model_dir: str, backend: str, tiny: bool, **overrides):
-    from seal_lite.recipe import load_recipe
+    from seal_lite.core.recipe import load_recipe
 
     return load_recipe(None, {
         "name": "gpu-check", "policy.model": model_dir, "policy.backend": backend, "policy.lora_r": 16,
@@ -85,14 +85,14 @@ class Checks:
     def steps(self) -> dict:
         import torch
 
+        from seal_lite.engines.policy import count_linear4bit, load_policy
+        from seal_lite.engines.store import Store
         from seal_lite.envs.bfcl import load_tasks
-        from seal_lite.loop import SealStep
-        from seal_lite.store import Store
-        from seal_lite.training.policy import count_linear4bit, load_policy
+        from seal_lite.step.algorithm import SealStep
 
         recipe = check_recipe(self.model_dir, self.backend, self.tiny)
         policy = load_policy(self.model_dir, recipe)
-        from seal_lite.generation import TransformersGenerator
+        from seal_lite.engines.transformers_generate import TransformersGenerator
         from seal_lite.training.grpo import build_trainer  # after the policy: Unsloth patches trl on import
 
         tasks = {task.id: task.truncated(1) for task in load_tasks(TASKS)}
@@ -127,7 +127,7 @@ class Checks:
         }
 
     def adapter(self) -> dict:
-        from seal_lite.evaluate import evaluation_engine
+        from seal_lite.run.evaluate_bfcl import evaluation_engine
 
         if self.trained is None:
             return {"ok": False, "error": "the steps check did not train an adapter"}
@@ -160,8 +160,8 @@ class Checks:
         import torch
         from transformers import TrainerCallback
 
-        from seal_lite.loop import RolloutBatch
-        from seal_lite.training.policy import load_policy
+        from seal_lite.engines.policy import load_policy
+        from seal_lite.step.algorithm import RolloutBatch
 
         recipe = check_recipe(self.model_dir, self.backend, self.tiny, **{
             "grpo.tasks_per_step": 1, "grpo.mini_batches": 1, "grpo.loss_type": "grpo", "grpo.beta": 0.0,
@@ -221,8 +221,8 @@ class Checks:
         """Rows padded to a long prompt plus a long completion, wider than the context: trained uncut."""
         import torch
 
-        from seal_lite.loop import RolloutBatch
-        from seal_lite.training.policy import load_policy
+        from seal_lite.engines.policy import load_policy
+        from seal_lite.step.algorithm import RolloutBatch
 
         context = 1024 if self.tiny else 8192
         recipe = check_recipe(self.model_dir, self.backend, self.tiny, **{"rollout.max_context_tokens": context,
@@ -246,8 +246,8 @@ class Checks:
         """One generate call per chunk of a round at a recipe's budget, rows of mixed lengths, against the model."""
         import torch
 
-        from seal_lite.agent import generation_chunks
-        from seal_lite.training.policy import load_policy
+        from seal_lite.engines.policy import load_policy
+        from seal_lite.step.rollout import generation_chunks
 
         cuda = torch.cuda.is_available()
         engine = "unsloth" if self.backend == "unsloth" else "transformers"
@@ -281,7 +281,7 @@ class Checks:
     def timing(self) -> dict:
         import torch
 
-        from seal_lite.training.policy import load_policy
+        from seal_lite.engines.policy import load_policy
 
         policy = load_policy(self.model_dir, check_recipe(self.model_dir, self.backend, self.tiny))
         rows, prompt, new = (2, 256, 8) if self.tiny else (4, 2048, 64)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from seal_lite.recipe import RecipeError, describe_fields, load_recipe
+from seal_lite.core.recipe import RecipeError, describe_fields, load_recipe
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,7 +49,7 @@ def _load(recipe_path, overrides, check: bool = False, out: str | None = None, p
     """The recipe, or exit 2 with one line per problem. ``check``: also against this machine (models installed,
     paths and task ids existing, backends usable); ``out``: the --out directory, checked with it; ``processes``:
     how many processes will run it."""
-    from seal_lite.preflight import out_dir_problem
+    from seal_lite.run.preflight import out_dir_problem
 
     problems = []
     try:
@@ -74,7 +74,7 @@ def _load(recipe_path, overrides, check: bool = False, out: str | None = None, p
 
 def _free_out_dir(base: Path) -> Path:
     """runs/NAME, or runs/NAME-2, -3, ...: the first that holds no finished run (an unfinished one resumes)."""
-    from seal_lite.runner import run_status
+    from seal_lite.run.train import run_status
 
     candidate, n = base, 1
     while run_status(candidate) == "finished":
@@ -109,7 +109,7 @@ def run(recipe, out, overrides, overwrite, processes):
       seal-lite run recipes/quickstart.yaml --set grpo.steps=1 --out runs/try
       seal-lite run recipes/quickstart.yaml --processes 2
     """
-    from seal_lite import distributed
+    from seal_lite.engines import distributed
 
     launched = distributed.world_size()
     if processes > 1 and launched > 1 and processes != launched:
@@ -124,7 +124,7 @@ def run(recipe, out, overrides, overwrite, processes):
         os.execv(command[0], command)
     distributed.init()
     main_process = distributed.is_main()
-    from seal_lite.runner import DiskFullError, RunMismatchError, ScreenError, run_status
+    from seal_lite.run.train import DiskFullError, RunMismatchError, ScreenError, run_status
 
     def choose_out_dir() -> Path:  # rank 0 decides, and prepares it, for every process
         out_dir = Path(out) if out else config.out_dir() if overwrite else _free_out_dir(config.out_dir())
@@ -142,10 +142,10 @@ def run(recipe, out, overrides, overwrite, processes):
     out_dir = distributed.on_main(choose_out_dir)
 
     from seal_lite.console import RichProgress, print_recipe, print_summary
-    from seal_lite.loop import NoProgress
-    from seal_lite.models import ModelSourceError
-    from seal_lite.runner import run as run_loop
-    from seal_lite.training.policy import PolicyBackendError
+    from seal_lite.engines.model_sources import ModelSourceError
+    from seal_lite.engines.policy import PolicyBackendError
+    from seal_lite.run.train import run as run_loop
+    from seal_lite.step.algorithm import NoProgress
 
     if main_process:
         print_recipe(config, out_dir)
@@ -180,10 +180,10 @@ def screen(recipe, out, overrides, samples):
     if config.data.screen is None:
         config = _load(recipe, overrides + ("data.screen=4",))
     from seal_lite.console import RichProgress, print_screen
-    from seal_lite.models import ModelSourceError, resolve_model
-    from seal_lite.runner import screen_slice, select_task_ids, slice_tasks
-    from seal_lite.store import Store
-    from seal_lite.training.policy import PolicyBackendError, load_policy
+    from seal_lite.engines.model_sources import ModelSourceError, resolve_model
+    from seal_lite.engines.policy import PolicyBackendError, load_policy
+    from seal_lite.engines.store import Store
+    from seal_lite.run.train import screen_slice, select_task_ids, slice_tasks
 
     out_dir = Path(out) if out else config.out_dir()
     tasks = slice_tasks(config, select_task_ids(config))
@@ -221,7 +221,7 @@ def doctor(as_json, model, no_self_test, backend, dtype):
     """
     import json
 
-    from seal_lite.doctor import render_text, report
+    from seal_lite.run.doctor import render_text, report
 
     result = report(model, self_test=not no_self_test, backend=backend, dtype=dtype)
     click.echo(json.dumps(result, indent=2) if as_json else render_text(result))
@@ -258,7 +258,7 @@ def _run_to_evaluate(run_dir: Path, overrides: tuple[str, ...], base: bool, step
     on top, the base model with --base (adapter None), and the trained adapters (--step; default: the newest)."""
     import json
 
-    from seal_lite.store import Store
+    from seal_lite.engines.store import Store
 
     store = Store(run_dir / "seal.db")
     try:
@@ -273,7 +273,7 @@ def _run_to_evaluate(run_dir: Path, overrides: tuple[str, ...], base: bool, step
 def _model_recipe(target: str, overrides: tuple[str, ...], or_else: str):
     """The default recipe with TARGET as its policy, TARGET checked as a model before anything loads (as `run`
     checks its recipe); ``or_else`` names what else TARGET could have been, for the error."""
-    from seal_lite.preflight import model_problem
+    from seal_lite.run.preflight import model_problem
 
     if problem := model_problem(target):
         raise click.BadParameter(f"{target!r} is neither {or_else} nor a usable model: {problem}", param_hint="TARGET")
@@ -383,9 +383,9 @@ def evaluate_command(ctx, target, split, per_category, base, steps, overrides, j
     import tempfile
 
     from seal_lite.console import EvalProgress, print_evaluation
+    from seal_lite.core.interface import NOT_BFCL_VIEW
     from seal_lite.envs.bfcl import load_tasks
-    from seal_lite.evaluate import evaluate, evaluation_engine, result_rows, summarize, view_label
-    from seal_lite.interface import NOT_BFCL_VIEW
+    from seal_lite.run.evaluate_bfcl import evaluate, evaluation_engine, result_rows, summarize, view_label
 
     run_dir = Path(target) if (Path(target) / "seal.db").exists() else None
     if run_dir is not None:
@@ -420,9 +420,10 @@ def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrid
     import tempfile
 
     from seal_lite.console import Tau2Progress, print_tau2
-    from seal_lite.llamacpp import BackendError
-    from seal_lite.models import ModelSourceError
-    from seal_lite.ood import (
+    from seal_lite.engines.llamacpp import BackendError
+    from seal_lite.engines.model_sources import ModelSourceError
+    from seal_lite.engines.store import Store
+    from seal_lite.run.evaluate_tau2 import (
         Tau2NotInstalled,
         chat_model,
         evaluate_tau2,
@@ -434,8 +435,7 @@ def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrid
         serving,
         summarize,
     )
-    from seal_lite.runner import rollout_backend
-    from seal_lite.store import Store
+    from seal_lite.run.train import rollout_backend
 
     try:
         require_tau2()
@@ -536,11 +536,11 @@ def prompt(task_id, model, run_dir, number, turn):
 
     from transformers import AutoTokenizer
 
-    from seal_lite.agent import turn_text
+    from seal_lite.core.interface import evaluation_interface, interface_from_version
+    from seal_lite.engines.model_sources import ModelSourceError, resolve_model
     from seal_lite.envs.bfcl import load_tasks
-    from seal_lite.interface import evaluation_interface, interface_from_version
-    from seal_lite.loop import interface_for_task
-    from seal_lite.models import ModelSourceError, resolve_model
+    from seal_lite.step.algorithm import interface_for_task
+    from seal_lite.step.rollout import turn_text
 
     try:
         (task,) = load_tasks([task_id])
@@ -626,7 +626,7 @@ def verify(input_file, output_file, workers):
     from rich.console import Console
     from rich.progress import track
 
-    from seal_lite.diagnosis.verifier import verify_lines
+    from seal_lite.step.verifier import verify_lines
 
     lines = input_file.readlines()
     records = verify_lines(lines, workers=workers)
@@ -652,7 +652,7 @@ def verify(input_file, output_file, workers):
 
 
 def _open_run(run_dir: str):
-    from seal_lite.store import Store
+    from seal_lite.engines.store import Store
 
     path = Path(run_dir)
     path = path if path.suffix == ".db" else path / "seal.db"
@@ -743,7 +743,7 @@ def interface_show(run_dir, number, as_json):
     """
     import json
 
-    from seal_lite.interface import describe_version
+    from seal_lite.core.interface import describe_version
 
     versions = _versions(run_dir)
     if not versions:
@@ -768,7 +768,7 @@ def interface_diff(run_dir, a, b):
     Example:
       seal-lite interface diff runs/quickstart 1 2
     """
-    from seal_lite.interface import diff_versions
+    from seal_lite.core.interface import diff_versions
 
     versions = _versions(run_dir)
     diff = diff_versions(_version(versions, a, run_dir), _version(versions, b, run_dir))

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from seal_lite.diagnosis.labels import SUCCESS_LABELS
+from seal_lite.core.labels import SUCCESS_LABELS
 
 console = Console()
 progress_console = Console(stderr=True)  # evaluation progress: stdout keeps only the results table
@@ -155,7 +155,7 @@ def print_tau2(summaries: dict[str, dict[str, dict[str, float]]], user_label: st
     table.add_column("domain")
     for label in summaries:
         table.add_column(label, justify="right")
-    from seal_lite.ood import DOMAINS
+    from seal_lite.run.evaluate_tau2 import DOMAINS
 
     for domain in (*DOMAINS, "mean"):
         if any(domain in summary for summary in summaries.values()):
@@ -215,7 +215,7 @@ def print_evaluation(summaries: dict[str, dict[str, dict[str, float]]]) -> None:
     table.add_column("category")
     for label in summaries:
         table.add_column(label, justify="right")
-    from seal_lite.evaluate import TABLE_ROWS
+    from seal_lite.run.evaluate_bfcl import TABLE_ROWS
 
     categories = [c for c in TABLE_ROWS if any(c in summary for summary in summaries.values())]
     for category in categories:

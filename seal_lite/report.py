@@ -15,10 +15,10 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from seal_lite.diagnosis.labels import SUCCESS_LABELS
-from seal_lite.interface import describe_version, diff_versions
-from seal_lite.store import Store
-from seal_lite.training.advantages import share_with_signal
+from seal_lite.core.advantages import share_with_signal
+from seal_lite.core.interface import describe_version, diff_versions
+from seal_lite.core.labels import SUCCESS_LABELS
+from seal_lite.engines.store import Store
 
 FIGURES = ("reward", "labels", "rho", "weights")
 
@@ -175,7 +175,7 @@ def _interface_timeline(store: Store) -> str:
 
 
 def _evaluation_table(store: Store) -> str:
-    from seal_lite.evaluate import TABLE_ROWS, TaskResult, summarize
+    from seal_lite.run.evaluate_bfcl import TABLE_ROWS, TaskResult, summarize
 
     results = defaultdict(list)
     rows = store.evaluations()
@@ -209,7 +209,7 @@ def _models_table(first: str, keys, summaries: dict[str, dict], cell) -> str:
 def _tau2_table(rows: list[dict]) -> str:
     """τ²-bench pass^1 per domain and their mean, one column per evaluated model (``seal-lite eval --benchmark
     tau2``); nothing when the run has no τ² rows."""
-    from seal_lite.ood import DOMAINS, results_from_rows, summarize
+    from seal_lite.run.evaluate_tau2 import DOMAINS, results_from_rows, summarize
 
     results = results_from_rows(rows)
     if not results:

@@ -22,9 +22,9 @@ def script_generation(answer: Callable, sample: bool = True) -> None:
     (token ids), where ``task`` is the task whose first user message is in the context, ``index`` counts that task's
     messages in the batch, and ``sampled`` is what the model generated (None with ``sample=False``: the model is not
     run, so a batch's answers do not depend on what else is in the batch)."""
-    from seal_lite import generation, loop, screen
-
-    rollout_groups, generate, playing = loop.rollout_groups, generation.TransformersGenerator.generate, {}
+    from seal_lite.engines import transformers_generate
+    from seal_lite.step import algorithm, screen
+    rollout_groups, generate, playing = algorithm.rollout_groups, transformers_generate.TransformersGenerator.generate, {}
     rollout_group = screen.rollout_group
 
     def recording_rollout_groups(pairs, *args, **kwargs):
@@ -44,7 +44,7 @@ def script_generation(answer: Callable, sample: bool = True) -> None:
             answers.append(answer(self.tokenizer, task, index, ids))
         return answers
 
-    loop.rollout_groups, generation.TransformersGenerator.generate = recording_rollout_groups, scripted
+    algorithm.rollout_groups, transformers_generate.TransformersGenerator.generate = recording_rollout_groups, scripted
     screen.rollout_group = recording_rollout_group
 
 

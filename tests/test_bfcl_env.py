@@ -4,9 +4,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from seal_lite.diagnosis.verifier import diagnose_episode
 from seal_lite.envs import bfcl
 from seal_lite.envs.bfcl import Environment, TurnRecord, load_tasks, official_verdict
+from seal_lite.step.verifier import diagnose_episode
 
 DATA = Path(__file__).parent.parent / "data"
 ALL_IDS = DATA.joinpath("train_ids.txt").read_text().split() + DATA.joinpath("eval_ids.txt").read_text().split()

@@ -1,6 +1,6 @@
 import json
 
-from seal_lite.envs.calls import MAX_CALL_TEXT_CHARS, ToolCall, parse_calls
+from seal_lite.core.calls import MAX_CALL_TEXT_CHARS, ToolCall, parse_calls
 
 
 def test_qwen_style_blocks():

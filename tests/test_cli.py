@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from seal_lite.cli import main
-from seal_lite.recipe import Recipe, load_recipe
+from seal_lite.core.recipe import Recipe, load_recipe
 
 ROOT = Path(__file__).parent.parent
 
@@ -130,7 +130,7 @@ def test_the_paper_recipe_says_what_the_paper_did():
 
 
 def test_each_ablation_is_the_paper_recipe_minus_its_part():
-    from seal_lite.runner import recipe_differences
+    from seal_lite.run.train import recipe_differences
 
     paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml").model_dump()
     ablated = {
@@ -157,7 +157,7 @@ def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
     """scripts/cpu_experiment.py's arms: SEAL is recipes/cpu-learn.yaml, vanilla GRPO is that recipe with
     exactly the parts recipes/ablation-vanilla-grpo.yaml turns off (and φ_err, φ_cap, which the paper lacks)."""
     from seal_lite.cli import _parse_overrides
-    from seal_lite.runner import recipe_differences
+    from seal_lite.run.train import recipe_differences
 
     experiment = _cpu_experiment()
     common = _parse_overrides(tuple(experiment.COMMON))
@@ -268,7 +268,7 @@ def test_the_step_size_sweep_reads_a_runs_store(tmp_path, monkeypatch):
     longer SEAL run can stand for the recipe's own step size); a metric never logged shows as missing."""
     import importlib.util
 
-    from seal_lite.store import Store
+    from seal_lite.engines.store import Store
 
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location("cpu_sweep", ROOT / "scripts" / "cpu_sweep.py")

@@ -7,10 +7,10 @@ from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite import console
 from seal_lite.cli import main
+from seal_lite.core.recipe import Recipe
+from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.loop import SealStep
-from seal_lite.recipe import Recipe
-from seal_lite.store import Store
+from seal_lite.step.algorithm import SealStep
 
 
 def test_diagnose_lists_trajectories_and_shows_one_turn_by_turn(tmp_path, smol_tokenizer, monkeypatch):

@@ -19,13 +19,13 @@ from click.testing import CliRunner
 from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite.cli import main
-from seal_lite.diagnosis.diagnoser import Diagnoser, failed_turns
-from seal_lite.diagnosis.verifier import diagnose_episode
+from seal_lite.core.recipe import DiagnoserConfig, Recipe
+from seal_lite.engines.model_sources import resolve_gguf
+from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks, replay_calls
-from seal_lite.loop import SealStep
-from seal_lite.models import resolve_gguf
-from seal_lite.recipe import DiagnoserConfig, Recipe
-from seal_lite.store import Store
+from seal_lite.step.algorithm import SealStep
+from seal_lite.step.diagnoser import Diagnoser, failed_turns
+from seal_lite.step.verifier import diagnose_episode
 
 SMOL = resolve_gguf("smollm2-135m", "model")
 HANG_GUARD_S = 1800  # not an expectation: only how long a test waits before it calls a process hung
@@ -143,8 +143,8 @@ def test_no_orphan_server_after_ctrl_c_or_kill(tmp_path, how):
     script = textwrap.dedent(f"""
         import signal, sys, time
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from seal_lite.diagnosis.diagnoser import Diagnoser
-        from seal_lite.recipe import DiagnoserConfig
+        from seal_lite.step.diagnoser import Diagnoser
+        from seal_lite.core.recipe import DiagnoserConfig
         with Diagnoser(DiagnoserConfig(mode="server", n_threads=1), {SMOL!r}) as diagnoser:
             print(diagnoser.server.process.pid, flush=True)
             for _ in range(1200):  # short sleeps: Python acts on a Ctrl-C between them

@@ -25,8 +25,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from seal_lite import distributed
-from seal_lite.recipe import load_recipe
+from seal_lite.core.recipe import load_recipe
+from seal_lite.engines import distributed
 
 # python HARNESS SPEC run ARGS: ``seal-lite run ARGS`` with the scripted policy. SPEC (JSON) may name a rank and a
 # step at which that rank SIGKILLs itself in the middle of the step's rollouts, and a file where each process
@@ -38,13 +38,15 @@ HARNESS = textwrap.dedent("""
 
     from safetensors.torch import save_file
 
-    from seal_lite import distributed, loop
-    from seal_lite.diagnosis import diagnoser
+    from seal_lite.engines import distributed
+
+    from seal_lite.step import algorithm
+    from seal_lite.step import diagnoser
     from seal_lite.testing import ground_truth_ids, script_generation
     from seal_lite.training import grpo
 
     rank, playing, trainers = distributed.rank(), {}, []
-    call, build_trainer, construct = loop.SealStep.__call__, grpo.build_trainer, diagnoser.Diagnoser.__init__
+    call, build_trainer, construct = algorithm.SealStep.__call__, grpo.build_trainer, diagnoser.Diagnoser.__init__
 
     def scripted(tokenizer, task, index, sampled):
         if spec.get("kill") == [rank, playing["step"]]:
@@ -67,7 +69,7 @@ HARNESS = textwrap.dedent("""
         construct(self, *args, **kwargs)
 
     script_generation(scripted, sample=False)  # sampled text depends on its batch: never sampled, so never used
-    loop.SealStep.__call__, grpo.build_trainer, diagnoser.Diagnoser.__init__ = step, capture_trainer, noting_diagnoser
+    algorithm.SealStep.__call__, grpo.build_trainer, diagnoser.Diagnoser.__init__ = step, capture_trainer, noting_diagnoser
 
     from seal_lite.cli import main
     main(sys.argv[2:], prog_name="seal-lite", standalone_mode=False)

@@ -22,7 +22,7 @@ import sqlite_utils
 import yaml
 
 from seal_lite.cli import main
-from seal_lite.recipe import RecipeError, load_recipe
+from seal_lite.core.recipe import RecipeError, load_recipe
 
 ROOT = Path(__file__).parent.parent
 DOCS = sorted((ROOT / "docs").glob("*.md"))
@@ -230,7 +230,7 @@ def test_the_readme_tour_runs_as_printed_and_prints_what_the_store_holds(tmp_pat
 
     The run itself is the quickstart with smaller budgets and the README's trajectory's task, so the printed
     `--trajectory` id exists; `seal-lite eval` then inherits those budgets from the run's recipe."""
-    from seal_lite.runner import select_task_ids
+    from seal_lite.run.train import select_task_ids
 
     lines = tour_lines()
     (trajectory,) = {word for line in lines for word in re.findall(r"--trajectory (\S+)", line)}

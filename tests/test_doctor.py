@@ -13,10 +13,11 @@ from conftest import ScriptedGenerator, tool_call_text
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from seal_lite import doctor, generation, selftest
-from seal_lite.agent import TokenConversation
+from seal_lite.engines import transformers_generate
+from seal_lite.engines.model_sources import REGISTRY, PipGGUF
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.models import REGISTRY, PipGGUF
+from seal_lite.run import doctor, selftest
+from seal_lite.step.rollout import TokenConversation
 from seal_lite.training import grpo
 
 
@@ -105,7 +106,7 @@ def test_self_test_covers_tool_results_inside_completions(tiny_model_dir, monkey
     # the episodes differ after the tool result: with +1 and -1 advantages identical ones would cancel exactly
     scripts = [[tool_call_text(task.ground_truth[0]), "Done.", "Done."],
                [tool_call_text(task.ground_truth[0]), "Finished.", "Finished."]]
-    monkeypatch.setattr(generation, "TransformersGenerator",
+    monkeypatch.setattr(transformers_generate, "TransformersGenerator",
                         lambda model, tokenizer, mode: ScriptedGenerator(tokenizer, scripts))
     result = selftest.masking_self_test(tiny_model_dir, dtype=dtype)
     assert result.passed, result.message

@@ -2,10 +2,10 @@
 
 from conftest import HalfRightOnSome
 
+from seal_lite.core.recipe import Recipe
+from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.loop import SealStep
-from seal_lite.recipe import Recipe
-from seal_lite.store import Store
+from seal_lite.step.algorithm import SealStep
 
 POOL = ["multi_turn_base_0", "multi_turn_base_2", "multi_turn_base_3", "multi_turn_base_5", "multi_turn_base_10"]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
 
+from seal_lite.core.interface import ERROR_HINTS, GENERIC_HINT, recovery_feedback
 from seal_lite.envs.bfcl import ERROR_PREFIX, Environment, load_tasks
 from seal_lite.envs.mutations import corpus
-from seal_lite.interface import ERROR_HINTS, GENERIC_HINT, recovery_feedback
 
 DATA = Path(__file__).parent.parent / "data"
 API_CLASSES = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",

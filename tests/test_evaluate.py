@@ -6,10 +6,10 @@ import sys
 
 from conftest import ScriptedGenerator, tool_call_text
 
+from seal_lite.core.interface import SCHEMA_CUE_LINE
+from seal_lite.core.recipe import load_recipe
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.evaluate import evaluate, summarize, view_label
-from seal_lite.interface import SCHEMA_CUE_LINE
-from seal_lite.recipe import load_recipe
+from seal_lite.run.evaluate_bfcl import evaluate, summarize, view_label
 
 IDS = ["multi_turn_base_1", "multi_turn_base_4", "multi_turn_miss_param_3"]
 

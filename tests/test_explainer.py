@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from seal_lite.diagnosis.explainer import (
+from seal_lite.core.explainer import (
     DIAGNOSIS_SCHEMA,
     FAILURE_LABELS,
     REDACTED,

@@ -32,7 +32,7 @@ HARNESS = textwrap.dedent("""
     import torch
     from transformers import Trainer
 
-    from seal_lite.store import Store
+    from seal_lite.engines.store import Store
 
     how, where, step, ballast = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     save, save_checkpoint, commit = torch.save, Trainer._save_checkpoint, Store.commit_checkpoint

@@ -17,10 +17,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seal_lite.diagnosis.labels import BASE_UTILITY
-from seal_lite.diagnosis.verifier import diagnose_episode
+from seal_lite.core.calls import REJECTED, parse_calls
+from seal_lite.core.labels import BASE_UTILITY
 from seal_lite.envs.bfcl import NO_SUCH_FUNCTION_CALL, Environment, TurnRecord, load_tasks
-from seal_lite.envs.calls import REJECTED, parse_calls
+from seal_lite.step.verifier import diagnose_episode
 
 EXAMPLES = int(os.environ.get("SEAL_LITE_FUZZ_EXAMPLES", "10000"))
 TASK = load_tasks(["multi_turn_miss_func_0"])[0].truncated(1)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from seal_lite.gguf_lora import BaseGGUF, GGUFLoraError, export_lora_gguf, lora_tensors, permute_rows
-from seal_lite.models import ModelSourceError, gguf_path, resolve_model
+from seal_lite.engines.gguf_lora import BaseGGUF, GGUFLoraError, export_lora_gguf, lora_tensors, permute_rows
+from seal_lite.engines.model_sources import ModelSourceError, gguf_path, resolve_model
 
 PROMPT = (
     "The quick brown fox jumps over the lazy dog. In Python, a list comprehension builds a new list from an "

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from seal_lite.cli import main
-from seal_lite.recipe import load_recipe
+from seal_lite.core.recipe import load_recipe
 
 ROOT = Path(__file__).parent.parent
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path")
@@ -37,7 +37,7 @@ def _with_lora_added_by_the_backend(monkeypatch):
     peft_config None. The same wrapping, with peft, on a CPU."""
     from peft import LoraConfig, get_peft_model
 
-    from seal_lite.training import policy as policy_module
+    from seal_lite.engines import policy as policy_module
 
     load = policy_module.load_policy
 
@@ -56,7 +56,7 @@ def test_evaluation_runs_the_trained_adapter_whoever_added_the_lora(tmp_path, ti
                                                                     lora_added_by_the_backend):
     """eval's loader (evaluate.evaluation_engine) on a model that is already a PeftModel: wrapping it a second
     time, as PeftModel.from_pretrained does, loaded nothing and scored the base model as the trained one."""
-    from seal_lite.evaluate import evaluation_engine
+    from seal_lite.run.evaluate_bfcl import evaluation_engine
 
     trained = _save_trained_adapter(tiny_model_dir, tmp_path / "adapter")
     if lora_added_by_the_backend:
@@ -70,8 +70,8 @@ def test_evaluation_runs_the_trained_adapter_whoever_added_the_lora(tmp_path, ti
 
 @cpu_only
 def test_an_adapter_that_does_not_fit_the_policys_lora_is_an_error(tmp_path, tiny_model_dir, monkeypatch):
-    from seal_lite.evaluate import evaluation_engine
-    from seal_lite.training.policy import AdapterLoadError
+    from seal_lite.engines.policy import AdapterLoadError
+    from seal_lite.run.evaluate_bfcl import evaluation_engine
 
     _save_trained_adapter(tiny_model_dir, tmp_path / "adapter", targets=["q_proj"])  # the backend's LoRA has 7
     _with_lora_added_by_the_backend(monkeypatch)
@@ -84,7 +84,7 @@ def test_an_adapter_that_does_not_fit_the_policys_lora_is_an_error(tmp_path, tin
 # --- Unsloth's sequence width: no row cut -----------------------------------------------------------------------
 
 def test_unsloths_max_seq_length_holds_the_widest_padded_row_without_rescaling_rope():
-    from seal_lite.training.policy import unsloth_max_seq_length
+    from seal_lite.engines.policy import unsloth_max_seq_length
 
     assert unsloth_max_seq_length(16384, 32768) == 32768  # Qwen2.5: a longest prompt plus a longest completion
     assert unsloth_max_seq_length(4096, 32768) == 8192
@@ -123,7 +123,7 @@ def fake_unsloth(tmp_path, monkeypatch):
 def test_the_unsloth_backend_loads_the_model_named_with_room_for_the_widest_row(tiny_model_dir, fake_unsloth):
     """The exact model name (Unsloth's mapper would swap Qwen/... for its own pre-quantized repo) and a
     max_seq_length of twice the context (TRL pads rows to the longest prompt plus the longest completion)."""
-    from seal_lite.training.policy import _load_unsloth
+    from seal_lite.engines.policy import _load_unsloth
 
     recipe = load_recipe(None, {"rollout.max_context_tokens": 2048})
     model, _ = _load_unsloth(tiny_model_dir, recipe, checkpointing=False)
@@ -137,9 +137,9 @@ def test_the_unsloth_backend_loads_the_model_named_with_room_for_the_widest_row(
 def _one_task_step(tmp_path, policy, recipe):
     from conftest import ScriptedGenerator
 
+    from seal_lite.engines.store import Store
     from seal_lite.envs.bfcl import load_tasks
-    from seal_lite.loop import SealStep
-    from seal_lite.store import Store
+    from seal_lite.step.algorithm import SealStep
     from seal_lite.training import grpo
 
     task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
@@ -150,8 +150,8 @@ def _one_task_step(tmp_path, policy, recipe):
 
 @cpu_only
 def test_a_step_wider_than_the_model_takes_uncut_is_refused_before_the_update(tmp_path, tiny_model_dir):
+    from seal_lite.engines.policy import load_policy
     from seal_lite.training.grpo import TrainerError, lora_norm
-    from seal_lite.training.policy import load_policy
 
     recipe = load_recipe(None, {"policy.dtype": "float32", "data.task_ids": ["multi_turn_base_0"],
                                 "grpo.tasks_per_step": 1, "grpo.steps": 1, "rollout.num_generations": 2,
@@ -181,7 +181,7 @@ def test_the_unsloth_backend_refuses_a_trainer_that_is_not_unsloths():
 # --- doctor never patches its own process with Unsloth ----------------------------------------------------------
 
 def test_doctor_tries_unsloth_in_a_child_process(fake_unsloth):
-    from seal_lite.doctor import _training_backend
+    from seal_lite.run.doctor import _training_backend
 
     choice = _training_backend(cuda=True)
     assert choice["backend"] == "unsloth"
@@ -195,7 +195,7 @@ def test_doctor_tries_unsloth_in_a_child_process(fake_unsloth):
 # --- a torch the card runs; no GPU recipe on a CPU --------------------------------------------------------------
 
 def test_doctor_names_a_torch_build_the_driver_cannot_run_and_the_build_that_can():
-    from seal_lite.doctor import driver_note
+    from seal_lite.run.doctor import driver_note
 
     note = driver_note("13.0", "550.54.15")  # PyPI's torch 2.13.0 on Colab's driver of 2025
     assert "needs NVIDIA driver 580.65.06 or newer, and this one is 550.54.15" in note

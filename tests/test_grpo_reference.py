@@ -32,12 +32,12 @@ import pytest
 import torch
 from conftest import ScriptedGenerator, tool_call_text
 
+from seal_lite.core.recipe import load_recipe
+from seal_lite.engines.policy import load_policy
+from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.loop import SealStep
-from seal_lite.recipe import load_recipe
-from seal_lite.store import Store
+from seal_lite.step.algorithm import SealStep
 from seal_lite.training import grpo, shared_prefix
-from seal_lite.training.policy import load_policy
 
 TASK_ID = "multi_turn_base_0"
 G = 4

@@ -9,11 +9,9 @@ from conftest import ScriptedGenerator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seal_lite.agent import rollout_group
 from seal_lite.cli import main
-from seal_lite.diagnosis.explainer import argument_values, redact_unseen_values
-from seal_lite.envs.bfcl import Environment, load_tasks
-from seal_lite.interface import (
+from seal_lite.core.explainer import argument_values, redact_unseen_values
+from seal_lite.core.interface import (
     GUIDELINES,
     GUIDELINES_HEADER,
     SCHEMA_CUE_LINE,
@@ -27,9 +25,11 @@ from seal_lite.interface import (
     render_tools,
     render_view,
 )
-from seal_lite.loop import SealStep
-from seal_lite.recipe import Recipe
-from seal_lite.store import Store
+from seal_lite.core.recipe import Recipe
+from seal_lite.engines.store import Store
+from seal_lite.envs.bfcl import Environment, load_tasks
+from seal_lite.step.algorithm import SealStep
+from seal_lite.step.rollout import rollout_group
 
 DATA = Path(__file__).parent.parent / "data"
 TRAIN_IDS = DATA.joinpath("train_ids.txt").read_text().split()

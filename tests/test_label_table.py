@@ -9,10 +9,10 @@ import dataclasses
 
 import pytest
 
-from seal_lite.diagnosis.labels import BASE_UTILITY, CAUSES, EXCLUDED_LABELS, TurnEvidence, label_turn
-from seal_lite.diagnosis.verifier import diagnose_episode
+from seal_lite.core.labels import BASE_UTILITY, CAUSES, EXCLUDED_LABELS, TurnEvidence, label_turn
 from seal_lite.envs import bfcl
 from seal_lite.envs.bfcl import load_tasks, replay_calls
+from seal_lite.step.verifier import diagnose_episode
 
 GREP = "grep(file_name='final_report.pdf', pattern='budget analysis')"
 

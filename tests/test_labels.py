@@ -2,7 +2,7 @@
 
 import pytest
 
-from seal_lite.diagnosis.labels import TurnEvidence, label_turn, passes_checker
+from seal_lite.core.labels import TurnEvidence, label_turn, passes_checker
 
 
 def evidence(**fields):

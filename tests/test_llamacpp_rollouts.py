@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from llama_cpp import Llama
 
+from seal_lite.core.interface import TrainingInterface, render_view
+from seal_lite.engines.llamacpp import LlamaCppGenerator
+from seal_lite.engines.model_sources import gguf_path
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.interface import TrainingInterface, render_view
-from seal_lite.llamacpp import LlamaCppGenerator
-from seal_lite.models import gguf_path
 
 SMOL = str(gguf_path("smollm2-135m"))
 
@@ -88,10 +88,10 @@ def test_load_adapter_changes_the_policy_in_place_and_drops_stale_caches(smol_to
     import torch
     from peft import get_peft_model
 
-    from seal_lite.gguf_lora import export_lora_gguf
-    from seal_lite.models import resolve_model
-    from seal_lite.recipe import load_recipe
-    from seal_lite.training.policy import load_policy
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.engines.gguf_lora import export_lora_gguf
+    from seal_lite.engines.model_sources import resolve_model
+    from seal_lite.engines.policy import load_policy
 
     recipe = load_recipe(None, {"policy.dtype": "float32"})
     policy = load_policy(resolve_model("smollm2-135m"), recipe)
@@ -125,7 +125,7 @@ def test_load_adapter_changes_the_policy_in_place_and_drops_stale_caches(smol_to
 def test_every_llama_cpp_reads_prompts_with_the_threads_it_was_given(smol_tokenizer):
     """llama-cpp-python reads prompts with the machine's whole CPU count unless told (2 here): a process pinned to
     fewer cores (taskset, a cgroup, one core per process of a several-process run) would oversubscribe them."""
-    from seal_lite.llamacpp import InProcessModel, LocalServer
+    from seal_lite.engines.llamacpp import InProcessModel, LocalServer
 
     generator = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=512, n_threads=1)
     generator.generate([[1, 2, 3]], 1, 0.0)

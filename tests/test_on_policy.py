@@ -7,10 +7,10 @@ import shutil
 
 import torch
 
-from seal_lite.generation import TransformersGenerator
-from seal_lite.recipe import load_recipe
+from seal_lite.core.recipe import load_recipe
+from seal_lite.engines.policy import load_policy
+from seal_lite.engines.transformers_generate import TransformersGenerator
 from seal_lite.training import grpo
-from seal_lite.training.policy import load_policy
 
 QWEN_SAMPLING = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.7, "top_k": 20, "top_p": 0.8}
 TEMPERATURE = 0.9  # the rollout temperature: neither 1 nor Qwen's 0.7

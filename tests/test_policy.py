@@ -5,8 +5,8 @@ import sys
 import pytest
 import torch
 
-from seal_lite.recipe import load_recipe
-from seal_lite.training.policy import (
+from seal_lite.core.recipe import load_recipe
+from seal_lite.engines.policy import (
     PolicyBackendError,
     choose_backend,
     cpu_native_bf16,
@@ -48,7 +48,7 @@ def test_4bit_runs_on_a_cpu_when_requested_but_auto_keeps_plain_lora_there():
 
 @cpu_only
 def test_4bit_policy_loads_nf4_layers_on_a_cpu(tiny_model_dir):
-    from seal_lite.training.policy import count_linear4bit
+    from seal_lite.engines.policy import count_linear4bit
 
     policy = load_policy(tiny_model_dir, load_recipe(None, {"policy.backend": "peft-4bit", "policy.dtype": "float32"}))
     assert policy.backend == "peft-4bit" and policy.model.device.type == "cpu"
@@ -111,7 +111,7 @@ def test_run_with_an_impossible_backend_fails_cleanly(tmp_path, tiny_model_dir):
 
     result = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "r"), "--set", f"policy.model={tiny_model_dir}",
                                        "--set", "policy.backend=unsloth", "--set", "diagnoser.mode=off"])
-    assert result.exit_code == 2  # refused before anything is written (seal_lite/preflight.py)
+    assert result.exit_code == 2  # refused before anything is written (seal_lite/run/preflight.py)
     assert "policy.backend = 'unsloth': Unsloth" in result.output and "NVIDIA GPU" in result.output
     assert not (tmp_path / "r").exists()
     assert not isinstance(result.exception, PolicyBackendError)  # shown as a message, not a traceback
@@ -123,9 +123,9 @@ def test_gradient_checkpointing_is_what_the_recipe_says(tmp_path, tiny_model_dir
     """trl's GRPOConfig turns checkpointing on by default; the recipe decides (None: on with a GPU only)."""
     from conftest import ScriptedGenerator
 
+    from seal_lite.engines.store import Store
     from seal_lite.envs.bfcl import load_tasks
-    from seal_lite.loop import SealStep
-    from seal_lite.store import Store
+    from seal_lite.step.algorithm import SealStep
     from seal_lite.training import grpo
 
     recipe = load_recipe(None, {"policy.gradient_checkpointing": checkpointing, "policy.dtype": "float32",
@@ -142,7 +142,7 @@ def test_gradient_checkpointing_is_what_the_recipe_says(tmp_path, tiny_model_dir
 
 @cpu_only
 def test_rollouts_sample_in_eval_mode_and_training_resumes(tiny_model_dir):
-    from seal_lite.generation import TransformersGenerator
+    from seal_lite.engines.transformers_generate import TransformersGenerator
 
     policy = load_policy(tiny_model_dir, load_recipe(None, {"policy.dtype": "float32"}))
     model = policy.model
@@ -166,7 +166,7 @@ def test_the_pad_token_is_never_a_stop_token(tmp_path, tiny_model_dir, pad, eos_
 
     from transformers import AutoTokenizer, GenerationConfig
 
-    from seal_lite.generation import TransformersGenerator
+    from seal_lite.engines.transformers_generate import TransformersGenerator
 
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model_dir)

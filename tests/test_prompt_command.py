@@ -6,10 +6,10 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from seal_lite.cli import main
+from seal_lite.core.interface import GUIDELINES_HEADER, SCHEMA_CUE_LINE
+from seal_lite.core.recipe import Recipe
+from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.interface import GUIDELINES_HEADER, SCHEMA_CUE_LINE
-from seal_lite.recipe import Recipe
-from seal_lite.store import Store
 
 TRAIN_IDS = (Path(__file__).parent.parent / "data" / "train_ids.txt").read_text().split()
 

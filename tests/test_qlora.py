@@ -7,13 +7,13 @@ import pytest
 import torch
 from conftest import ScriptedGenerator, tool_call_text
 
+from seal_lite.core.recipe import load_recipe
+from seal_lite.engines import policy as policy_module
+from seal_lite.engines.policy import count_linear4bit, load_policy, packed_for_cpu_inference
+from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.loop import SealStep
-from seal_lite.recipe import load_recipe
-from seal_lite.store import Store
+from seal_lite.step.algorithm import SealStep
 from seal_lite.training import grpo
-from seal_lite.training import policy as policy_module
-from seal_lite.training.policy import count_linear4bit, load_policy, packed_for_cpu_inference
 
 
 def _two_updates(tmp_path, model_dir, keep_fp32: bool):
@@ -85,7 +85,7 @@ def _eval_pass_then_update(model_dir: str, dtype: str):
     the packed layers after the eval pass and the LoRA gradients of one backward."""
     from peft import get_peft_model
 
-    from seal_lite.generation import eval_mode
+    from seal_lite.engines.transformers_generate import eval_mode
 
     policy = load_policy(model_dir, load_recipe(None, {"policy.backend": "peft-4bit", "policy.dtype": dtype}))
     model = get_peft_model(policy.model, policy.peft_config)

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from seal_lite import preflight
 from seal_lite.cli import main
-from seal_lite.models import REGISTRY, PipGGUF
+from seal_lite.engines.model_sources import REGISTRY, PipGGUF
+from seal_lite.run import preflight
 
 ABSENT = "seal-lite-test-absent-package"  # a pip distribution that no index holds
 
@@ -147,9 +147,9 @@ def test_the_two_first_reported_cases_through_the_installed_command(tmp_path):
 def test_a_run_that_fails_before_storing_a_step_leaves_no_directory(tmp_path, monkeypatch, tiny_model_dir):
     """What preflight cannot know (a hub model that turns out not to load, a policy that does not fit) fails in
     the run; if no step was stored, the directories the run created go too. One that existed stays."""
-    from seal_lite.recipe import load_recipe
-    from seal_lite.runner import run
-    from seal_lite.training import policy
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.engines import policy
+    from seal_lite.run.train import run
 
     def broken(*args, **kwargs):
         raise RuntimeError("the policy does not load")

@@ -9,12 +9,12 @@ import subprocess
 import pytest
 from conftest import ScriptedGenerator, tool_call_text
 
+from seal_lite.core.recipe import load_recipe
+from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.evaluate import evaluate, result_rows
-from seal_lite.recipe import load_recipe
 from seal_lite.report import moving_average, signal_shares, write_report
-from seal_lite.runner import run
-from seal_lite.store import Store
+from seal_lite.run.evaluate_bfcl import evaluate, result_rows
+from seal_lite.run.train import run
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 #   before_commit   transformers has written the step's checkpoint, the store has not marked the step done
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    from seal_lite.store import Store
+    from seal_lite.engines.store import Store
 
     point, step = sys.argv[1], int(sys.argv[2])
     save_step, commit = Store.save_step, Store.commit_checkpoint

@@ -5,12 +5,12 @@ from click.testing import CliRunner
 from conftest import HalfRightOnSome
 
 from seal_lite.cli import main
+from seal_lite.core.recipe import Recipe
+from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.loop import SealStep
-from seal_lite.recipe import Recipe
-from seal_lite.runner import ScreenError, frontier_task_ids
-from seal_lite.screen import frontier, screen_tasks
-from seal_lite.store import Store
+from seal_lite.run.train import ScreenError, frontier_task_ids
+from seal_lite.step.algorithm import SealStep
+from seal_lite.step.screen import frontier, screen_tasks
 
 POOL = ["multi_turn_base_0", "multi_turn_base_2", "multi_turn_base_3"]
 
@@ -97,7 +97,7 @@ def test_a_rescreen_moves_the_frontier_as_the_policy_learns(tmp_path, smol_token
 
 
 def test_rescreen_every_needs_the_screens_sample_count():
-    from seal_lite.recipe import load_recipe
+    from seal_lite.core.recipe import load_recipe
 
     with pytest.raises(ValueError, match=r"data.rescreen_every.*set data.screen too"):
         load_recipe(None, {"data": {"rescreen_every": 5}})

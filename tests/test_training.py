@@ -6,14 +6,14 @@ import pytest
 import torch
 from conftest import ScriptedGenerator, tool_call_text
 
-from seal_lite.agent import rollout_group
+from seal_lite.core.interface import TrainingInterface
+from seal_lite.core.recipe import load_recipe
+from seal_lite.engines.policy import load_policy
+from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.interface import TrainingInterface
-from seal_lite.loop import RolloutBatch, SealStep
-from seal_lite.recipe import load_recipe
-from seal_lite.store import Store
+from seal_lite.step.algorithm import RolloutBatch, SealStep
+from seal_lite.step.rollout import rollout_group
 from seal_lite.training import grpo, shared_prefix
-from seal_lite.training.policy import load_policy
 
 
 def test_weighted_grpo_step_updates_lora_on_model_tokens_only(tmp_path, tiny_model_dir, monkeypatch):
@@ -106,7 +106,7 @@ def test_a_rollout_batch_is_built_from_trajectories_in_order(smol_tokenizer):
 
 def test_mini_batches_and_ppo_epochs_map_onto_seal_steps(tmp_path, tiny_model_dir):
     """4 optimizer steps per SEAL step (2 mini-batches x 2 PPO epochs): one store row, loss and checkpoint each."""
-    from seal_lite.runner import run
+    from seal_lite.run.train import run
 
     recipe = load_recipe(None, {
         "interface.tool_format": "signatures",  # short prompts: these test the update
@@ -319,7 +319,7 @@ def test_shared_prefix_trains_exactly_like_one_pass_per_trajectory(tmp_path, tin
 
 
 def test_micro_batch_size_defaults_to_one_group_and_must_divide_the_mini_batch():
-    from seal_lite.recipe import RecipeError
+    from seal_lite.core.recipe import RecipeError
 
     base = {"grpo.tasks_per_step": 2, "rollout.num_generations": 4, "grpo.mini_batches": 2}  # mini-batches of 4
     assert load_recipe(None, base).micro_batch() == 4  # one group: its prompt is computed once

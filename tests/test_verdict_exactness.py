@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from seal_lite.diagnosis.labels import OFFICIAL_ERROR_LABELS, passes_checker
-from seal_lite.diagnosis.verifier import diagnose_episode
+from seal_lite.core.calls import parse_calls
+from seal_lite.core.labels import OFFICIAL_ERROR_LABELS, passes_checker
 from seal_lite.envs.bfcl import load_tasks, official_verdict, replay_calls
-from seal_lite.envs.calls import parse_calls
 from seal_lite.envs.mutations import KINDS, corpus
+from seal_lite.step.verifier import diagnose_episode
 
 DATA = Path(__file__).parent.parent / "data"
 ALL_IDS = DATA.joinpath("train_ids.txt").read_text().split() + DATA.joinpath("eval_ids.txt").read_text().split()

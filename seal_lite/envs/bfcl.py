@@ -35,8 +35,8 @@ from bfcl_eval.constants.executable_backend_config import (
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as checker
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
-from seal_lite.diagnosis.labels import TurnEvidence
-from seal_lite.envs.calls import REJECTED, ToolCall, parse_calls
+from seal_lite.core.calls import REJECTED, ToolCall, parse_calls
+from seal_lite.core.labels import TurnEvidence
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 ERROR_PREFIX = "Error during execution:"

@@ -17,8 +17,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from seal_lite.core.calls import ToolCall, parse_calls
 from seal_lite.envs.bfcl import Task
-from seal_lite.envs.calls import ToolCall, parse_calls
 
 
 @dataclass(frozen=True)

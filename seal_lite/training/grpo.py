@@ -45,13 +45,14 @@ from transformers import PrinterCallback, TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler, split_tensor_dict
 
-from seal_lite import distributed
-from seal_lite.recipe import Recipe
-from seal_lite.training.policy import Policy, keep_trainable_fp32
+from seal_lite.core.errors import ModelError
+from seal_lite.core.recipe import Recipe
+from seal_lite.engines import distributed
+from seal_lite.engines.policy import Policy, keep_trainable_fp32
 from seal_lite.training.shared_prefix import score_completions, supports
 
 if TYPE_CHECKING:
-    from seal_lite.loop import RolloutBatch
+    from seal_lite.step.algorithm import RolloutBatch
 
 StepFunction = Callable[[list[str]], "RolloutBatch"]
 CHECKPOINT_PREFIX = "checkpoint-"  # transformers' name: checkpoint-<optimizer step>
@@ -273,7 +274,7 @@ def shuffle_groups(batch: dict, group: int) -> dict:
     return {key: permute(value) for key, value in batch.items()}
 
 
-class TrainerError(RuntimeError):
+class TrainerError(ModelError):
     """The update would not be the one the recipe asks for; the message says why."""
 
 

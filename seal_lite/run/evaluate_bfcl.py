@@ -19,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from seal_lite.agent import Generator, rollout_groups
-from seal_lite.diagnosis.labels import SUCCESS_LABELS
-from seal_lite.diagnosis.verifier import diagnose_episode
+from seal_lite.core.interface import NOT_BFCL_VIEW, evaluation_interface
+from seal_lite.core.labels import SUCCESS_LABELS
+from seal_lite.core.recipe import Recipe, RolloutConfig
 from seal_lite.envs.bfcl import CATEGORIES, Task
-from seal_lite.interface import NOT_BFCL_VIEW, evaluation_interface
-from seal_lite.recipe import Recipe, RolloutConfig
+from seal_lite.step.rollout import Generator, rollout_groups
+from seal_lite.step.verifier import diagnose_episode
 
 TABLE_ROWS = (*CATEGORIES, "mean")  # the paper's layout: one row per category, then their mean
 
@@ -110,10 +110,10 @@ def result_rows(model_label: str, split: str, results: list[TaskResult]) -> list
 def evaluation_engine(recipe: Recipe, adapter: Path | None, work_dir: Path):
     """A generator for the recipe's policy model, with the LoRA adapter saved in ``adapter`` (a run's
     ``adapter/`` or checkpoint directory) or without one (the base model). The engine is the run's own
-    (seal_lite.runner.rollout_engine): llama.cpp on a CPU for a GGUF model, else transformers."""
-    from seal_lite.models import resolve_model
-    from seal_lite.runner import rollout_engine
-    from seal_lite.training.policy import load_policy, with_adapter
+    (seal_lite.run.train.rollout_engine): llama.cpp on a CPU for a GGUF model, else transformers."""
+    from seal_lite.engines.model_sources import resolve_model
+    from seal_lite.engines.policy import load_policy, with_adapter
+    from seal_lite.run.train import rollout_engine
 
     recipe = recipe.model_copy(update={"rollout": evaluation_rollout(recipe.rollout)})
     policy = load_policy(resolve_model(recipe.policy.model), recipe)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from seal_lite.diagnosis.labels import BASE_UTILITY, EXCLUDED_LABELS
+from seal_lite.core.labels import BASE_UTILITY, EXCLUDED_LABELS
 
 STD_EPS = 1e-6
 WEIGHT_MIN, WEIGHT_MAX = 0.5, 2.0

@@ -2,7 +2,7 @@
 
 ``run`` is what ``seal-lite run`` calls. It takes the run directory's lock, starts or resumes the run's store,
 loads the policy, screens the slice when the recipe asks, then hands ``SealStep`` (Algorithm 1's body,
-seal_lite/loop.py) to TRL's trainer (seal_lite/training/grpo.py), which calls it once per step for the
+seal_lite/step/algorithm.py) to TRL's trainer (seal_lite/training/grpo.py), which calls it once per step for the
 rollouts and applies the update. After each step a checkpoint is committed to the store, so a killed run
 resumes from its last committed step; a full disk stops it with a message saying what is committed.
 
@@ -11,7 +11,7 @@ This module is the only one that knows both the step and the trainer: ``loop`` n
 Under ``accelerate launch`` (or ``seal-lite run --processes N``) every process runs ``run``: each loads the policy
 and rolls out its share of each step's tasks, while rank 0 alone takes the lock, writes the store and the
 checkpoints' commits, runs the diagnoser and decides where to resume, handing its decisions to the others
-(seal_lite/distributed.py; docs/distributed.md).
+(seal_lite/engines/distributed.py; docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from seal_lite import distributed
-from seal_lite.diagnosis.diagnoser import Diagnoser
+from seal_lite.core.errors import RunError
+from seal_lite.core.recipe import Recipe, RecipeError
+from seal_lite.engines import distributed
+from seal_lite.engines.model_sources import resolve_gguf
+from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import Task, load_tasks, split_ids
-from seal_lite.loop import NoProgress, Progress, SealStep
-from seal_lite.models import resolve_gguf
-from seal_lite.recipe import Recipe, RecipeError
-from seal_lite.store import Store
+from seal_lite.step.algorithm import NoProgress, Progress, SealStep
+from seal_lite.step.diagnoser import Diagnoser
 
 
 def select_task_ids(recipe: Recipe) -> list[str]:
@@ -81,7 +82,7 @@ def rollout_backend(recipe: Recipe) -> str:
         return recipe.rollout.backend
     import torch
 
-    from seal_lite.models import REGISTRY
+    from seal_lite.engines.model_sources import REGISTRY
 
     is_gguf = recipe.policy.model in REGISTRY or recipe.policy.model.endswith(".gguf")
     return "llamacpp" if is_gguf and not torch.cuda.is_available() else "transformers"
@@ -96,12 +97,12 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
     the trained adapter before every step.
     """
     if rollout_backend(recipe) == "transformers":
-        from seal_lite.generation import TransformersGenerator
+        from seal_lite.engines.transformers_generate import TransformersGenerator
 
         yield TransformersGenerator(model, tokenizer, mode), lambda step: None
         return
-    from seal_lite.gguf_lora import export_lora_gguf
-    from seal_lite.llamacpp import LlamaCppGenerator, usable_cores
+    from seal_lite.engines.gguf_lora import export_lora_gguf
+    from seal_lite.engines.llamacpp import LlamaCppGenerator, usable_cores
 
     base = resolve_gguf(recipe.policy.model, "policy.model (rollout.backend llamacpp)")
     sharing = distributed.local_world_size()  # processes on this machine split its cores
@@ -120,7 +121,7 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
         generator.close()
 
 
-class ScreenError(ValueError):
+class ScreenError(RunError):
     """The frontier screen left fewer tasks than a step needs."""
 
 
@@ -130,7 +131,7 @@ def screen_slice(recipe: Recipe, store: Store, tasks: dict[str, Task], policy, o
     in the store's screen table are not played again."""
     from transformers import set_seed
 
-    from seal_lite.screen import screen_tasks
+    from seal_lite.step.screen import screen_tasks
 
     set_seed(recipe.seed)  # transformers samples with torch's RNG: the same recipe screens the same way
     with rollout_engine(recipe, policy.model, policy.tokenizer, out_dir, policy.generation_mode) as (generator, _):
@@ -139,7 +140,7 @@ def screen_slice(recipe: Recipe, store: Store, tasks: dict[str, Task], policy, o
 
 def frontier_task_ids(recipe: Recipe, pass_rates: dict[str, float]) -> list[str]:
     """The screened tasks training draws from; a ScreenError, with the fix, if they cannot fill a step."""
-    from seal_lite.screen import frontier
+    from seal_lite.step.screen import frontier
 
     kept = frontier(pass_rates)
     if len(kept) < recipe.grpo.tasks_per_step:
@@ -151,11 +152,11 @@ def frontier_task_ids(recipe: Recipe, pass_rates: dict[str, float]) -> list[str]
     return kept
 
 
-class RunMismatchError(ValueError):
+class RunMismatchError(RunError):
     """An existing run directory holds a run of another recipe; resuming it would mix two experiments."""
 
 
-class DiskFullError(RuntimeError):
+class DiskFullError(RunError):
     """The disk holding the run filled up while the run wrote to it; the message says what is committed and how
     to resume."""
 
@@ -361,8 +362,8 @@ def _open_run(recipe: Recipe, store: Store, out_dir: Path) -> bool:
 
 
 def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> RunSummary:
-    from seal_lite.models import resolve_model
-    from seal_lite.training.policy import load_policy
+    from seal_lite.engines.model_sources import resolve_model
+    from seal_lite.engines.policy import load_policy
 
     store = Store(out_dir / "seal.db") if distributed.is_main() else None  # one writer: rank 0
     resuming = distributed.on_main(lambda: _open_run(recipe, store, out_dir))

@@ -34,8 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from seal_lite import distributed
-from seal_lite.recipe import Recipe
+from seal_lite.core.errors import ModelError
+from seal_lite.core.recipe import Recipe
+from seal_lite.engines import distributed
 
 # Unsloth's LoRA targets: every linear projection of the decoder blocks (peft's "all-linear" equivalent).
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -44,11 +45,11 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 GPU_LIBRARY = {"unsloth": "unsloth", "peft-4bit": "bitsandbytes"}  # GPU backend -> the library it needs
 
 
-class PolicyBackendError(RuntimeError):
+class PolicyBackendError(ModelError):
     """The requested backend cannot run here; the message says why and what to use instead."""
 
 
-class AdapterLoadError(RuntimeError):
+class AdapterLoadError(ModelError):
     """A saved LoRA adapter does not fit the policy's LoRA: some weight would be left untrained."""
 
 
@@ -114,7 +115,7 @@ def _probe_unsloth() -> str | None:
     import subprocess
     import sys
 
-    probe = ("import sys; from seal_lite.training.policy import _import_unsloth; error = _import_unsloth(); "
+    probe = ("import sys; from seal_lite.engines.policy import _import_unsloth; error = _import_unsloth(); "
              "print(error or '', end=''); sys.exit(bool(error))")
     try:
         done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
@@ -144,7 +145,7 @@ def load_policy(model_dir: str, recipe: Recipe) -> Policy:
     """Load ``model_dir`` (a local directory or hub id) with the backend the recipe and the hardware allow."""
     import torch
 
-    from seal_lite.generation import eval_mode, stop_ids
+    from seal_lite.engines.transformers_generate import eval_mode, stop_ids
 
     installed = installed_backends()
     if distributed.world_size() > 1:  # Unsloth trains on one GPU: several processes load the policy with peft

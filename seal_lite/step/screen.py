@@ -7,7 +7,7 @@ and keeps the tasks whose pass rate is strictly between 0 and 1. Each task's res
 known, so an interrupted screen goes on where it stopped. Not part of the paper: a lever for small budgets.
 
 As the policy learns, its frontier moves: ``data.rescreen_every`` screens the slice again during training, with
-the current policy under the current training interface (seal_lite/loop.py), and the steps that follow draw from
+the current policy under the current training interface (seal_lite/step/algorithm.py), and the steps that follow draw from
 the new frontier.
 """
 
@@ -16,12 +16,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from seal_lite.agent import Generator, rollout_group
-from seal_lite.diagnosis.verifier import diagnose_episode
+from seal_lite.core.interface import TrainingInterface
+from seal_lite.core.recipe import Recipe
+from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import Task
-from seal_lite.interface import TrainingInterface
-from seal_lite.recipe import Recipe
-from seal_lite.store import Store
+from seal_lite.step.rollout import Generator, rollout_group
+from seal_lite.step.verifier import diagnose_episode
 
 
 def screen_tasks(tasks: list[Task], generator: Generator, recipe: Recipe, store: Store,

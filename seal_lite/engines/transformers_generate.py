@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from seal_lite import profile
+from seal_lite.core import timing
 
 
 @contextlib.contextmanager
@@ -62,8 +62,8 @@ class TransformersGenerator:
                 pad_token_id=pad,
             )
         prefill_end = first_token.at or time.perf_counter()
-        profile.add("prefill", prefill_end - started)  # reading the prompts, up to the first token's logits
-        profile.add("decode", time.perf_counter() - prefill_end)
+        timing.add("prefill", prefill_end - started)  # reading the prompts, up to the first token's logits
+        timing.add("decode", time.perf_counter() - prefill_end)
         return [self._cut(row[width:].tolist()) for row in output]
 
     def _cut(self, ids: list[int]) -> list[int]:

@@ -26,7 +26,7 @@ SERVER_MODULES = ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "p
 
 
 def _registry() -> dict:
-    from seal_lite.models import REGISTRY
+    from seal_lite.engines.model_sources import REGISTRY
 
     return REGISTRY
 
@@ -37,7 +37,7 @@ def _known() -> str:
 
 def missing_packages(name: str) -> list[str]:
     """The pip distributions of registry model ``name`` that are not installed (read from pip metadata only)."""
-    from seal_lite.models import _installed_file
+    from seal_lite.engines.model_sources import _installed_file
 
     entry = _registry()[name]
     missing = []

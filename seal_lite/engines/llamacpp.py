@@ -6,11 +6,11 @@
   also gets a signal when seal-lite dies for any reason (even ``kill -9``), so no server outlives its run.
 * ``ServerModel`` talks to such a server, or to any URL the user gives, over HTTP (standard library only).
 * ``LlamaCppGenerator`` plays rollouts from a GGUF plus the policy's current LoRA (the ``Generator`` of
-  seal_lite/agent.py): the CPU rollout backend, with each trajectory's cache kept between its model calls and a
+  seal_lite/step/rollout.py): the CPU rollout backend, with each trajectory's cache kept between its model calls and a
   task's prompt read once for its G trajectories.
 
 Every failure to answer (timeout, connection refused, server gone) is a ``BackendError``; what to do about it
-is the diagnoser's business (seal_lite/diagnosis/diagnoser.py).
+is the diagnoser's business (seal_lite/step/diagnoser.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from seal_lite import profile
+from seal_lite.core import timing
+from seal_lite.core.errors import ModelError
 
 
 def usable_cores() -> int:
@@ -37,7 +38,7 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-class BackendError(RuntimeError):
+class BackendError(ModelError):
     """The model did not answer: timed out, unreachable, or its server is gone."""
 
 
@@ -71,7 +72,7 @@ class InProcessModel:
 
 
 class LlamaCppGenerator:
-    """Rollouts with llama.cpp: the ``Generator`` of seal_lite/agent.py, for the CPU.
+    """Rollouts with llama.cpp: the ``Generator`` of seal_lite/step/rollout.py, for the CPU.
 
     ``tokenizer`` is the same model's Hugging Face tokenizer (a GGUF and the model converted from it share the
     vocabulary). Prefill is what costs on a CPU (an episode's prompt holds thousands of tokens of tool docs), so
@@ -83,7 +84,7 @@ class LlamaCppGenerator:
 
     Sampling is done here (softmax of logits / T, numpy), so the log-probability of every sampled token is known
     exactly; ``sampled_logprobs`` holds them for the last ``generate`` call, aligned with its output.
-    ``load_adapter`` puts a LoRA GGUF (seal_lite/gguf_lora.py) on top of the base model in every context, in
+    ``load_adapter`` puts a LoRA GGUF (seal_lite/engines/gguf_lora.py) on top of the base model in every context, in
     place: llama-cpp-python would stop memory-mapping the model if the LoRA were given when loading it.
     """
 
@@ -166,7 +167,7 @@ class LlamaCppGenerator:
         lacking = [slot for slot in slots if _common_prefix(self.contexts[slot], batch[0]) < shared]
         if len(batch) < 2 or shared < 2 or len(lacking) < 2:
             return slots
-        with profile.phase("prefill"):
+        with timing.phase("prefill"):
             donor = max(slots, key=lambda slot: _common_prefix(self.contexts[slot], batch[0]))
             if donor in lacking:
                 self._read(self.contexts[donor], batch[0][:shared])  # the shared prompt, read once
@@ -186,7 +187,7 @@ class LlamaCppGenerator:
         import llama_cpp
         import numpy as np
 
-        with profile.phase("prefill"):
+        with timing.phase("prefill"):
             self._read(llm, ids[:-1])
             llm.eval(ids[-1:])  # always read the last token, so the logits of the next position are fresh
         started = time.perf_counter()
@@ -207,7 +208,7 @@ class LlamaCppGenerator:
             if token in self.stop_ids or len(new) >= max_new_tokens:
                 break
             llm.eval([token])
-        profile.add("decode", time.perf_counter() - started)
+        timing.add("decode", time.perf_counter() - started)
         return new, logprobs
 
     def close(self) -> None:
@@ -296,7 +297,7 @@ class LocalServer:
     def __init__(self, model_path: str, n_ctx: int = 4096, n_threads: int | None = None, startup_timeout_s: float = 120,
                  lora_path: str | None = None):
         self.model_path, self.n_ctx, self.n_threads = model_path, n_ctx, n_threads or usable_cores()
-        self.lora_path = lora_path  # a LoRA GGUF (seal_lite/gguf_lora.py) applied on top of the model
+        self.lora_path = lora_path  # a LoRA GGUF (seal_lite/engines/gguf_lora.py) applied on top of the model
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen | None = None
         self.port: int | None = None

@@ -26,12 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
+from seal_lite.core.errors import ModelError
+
 ADAPTER_NAME = "default"
 # general.architecture -> whether llama.cpp's converter permutes q/k rows (checked against convert_hf_to_gguf.py)
 PERMUTES_QK = {"llama": True, "qwen2": False}
 
 
-class GGUFLoraError(RuntimeError):
+class GGUFLoraError(ModelError):
     """The adapter cannot be written for this base GGUF; the message names the module or tensor."""
 
 

@@ -7,7 +7,7 @@ run's store), and it never lets the model stop the loop:
 * each request has a timeout; a request that gets no answer leaves that turn with its rule label only;
 * if the llama.cpp server dies, it is restarted once; if it dies again, the rest of the step is rule-only
   (the rule labels stand, nothing is lost) and the next step starts it again;
-* every answer is validated (seal_lite/diagnosis/explainer.py); an invalid one is recorded as such and the rule
+* every answer is validated (seal_lite/core/explainer.py); an invalid one is recorded as such and the rule
   label stands.
 """
 
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seal_lite.diagnosis.explainer import (
+from seal_lite.core.explainer import (
     FailedTurn,
     InvalidDiagnosis,
     argument_values,
@@ -26,12 +26,12 @@ from seal_lite.diagnosis.explainer import (
     parse_diagnosis,
     schema_for,
 )
-from seal_lite.diagnosis.labels import EXCLUDED_LABELS, SUCCESS_LABELS
-from seal_lite.diagnosis.verifier import EpisodeDiagnosis
+from seal_lite.core.interface import render_tools
+from seal_lite.core.labels import EXCLUDED_LABELS, SUCCESS_LABELS
+from seal_lite.core.recipe import DiagnoserConfig
+from seal_lite.engines.llamacpp import BackendError, InProcessModel, LocalServer, ServerModel
 from seal_lite.envs.bfcl import Task, TurnRecord
-from seal_lite.interface import render_tools
-from seal_lite.llamacpp import BackendError, InProcessModel, LocalServer, ServerModel
-from seal_lite.recipe import DiagnoserConfig
+from seal_lite.step.verifier import EpisodeDiagnosis
 
 log = logging.getLogger("seal_lite.diagnoser")
 

@@ -2,7 +2,7 @@
 
 ``SealStep.__call__`` is the body of one iteration, steps 1-8 and 10 in order; step 9, the policy update,
 is TRL's GRPOTrainer, which calls this body through its ``rollout_func`` and then applies the update with the
-advantages returned here (seal_lite/training/grpo.py). seal_lite/runner.py wires the two together for a
+advantages returned here (seal_lite/training/grpo.py). seal_lite/run/train.py wires the two together for a
 whole run (resume, engines, diagnoser); this module knows neither TRL nor the run directory.
 
 Deviations from the paper, each on purpose:
@@ -16,12 +16,12 @@ Deviations from the paper, each on purpose:
 * ``grpo.dynamic_sampling`` (off by default) replaces groups without a learning signal by other tasks' groups;
   the step's reward stays the mean over the groups it drew (the policy's pass rate, unbiased by the choice).
 * ``data.rescreen_every`` (off by default) screens the slice again every so many steps with the current policy
-  (seal_lite/screen.py) and draws the following steps' tasks from the new frontier: TRL's draws outside it are
+  (seal_lite/step/screen.py) and draws the following steps' tasks from the new frontier: TRL's draws outside it are
   swapped for frontier tasks.
 * ``rollout.max_turns`` may cut tasks to their first turns (with their ground truth) to fit a CPU budget;
   the reward is then the official verdict on that shorter task.
 
-Several processes (``accelerate launch``; seal_lite/distributed.py): each rolls out the whole groups TRL hands it,
+Several processes (``accelerate launch``; seal_lite/engines/distributed.py): each rolls out the whole groups TRL hands it,
 then every process gathers all of them in the step's task order and computes the same advantages, weights, rho,
 statistics and interface from them, as one process would; the diagnoser (rank 0's) answers for all, and rank 0
 alone records the step. Each process hands its own groups' rows to its share of the update.
@@ -37,18 +37,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from seal_lite import distributed, profile
-from seal_lite.agent import Generator, Trajectory, rollout_groups
-from seal_lite.diagnosis.diagnoser import Diagnoser, Explanation, StepReport, failed_turns
-from seal_lite.diagnosis.explainer import argument_values, redact_unseen_values
-from seal_lite.diagnosis.labels import EXCLUDED_LABELS
-from seal_lite.diagnosis.verifier import EpisodeDiagnosis, diagnose_episode
-from seal_lite.envs.bfcl import Task
-from seal_lite.interface import SCHEMA_CUE_LINE, TrainingInterface, capability_guidelines
-from seal_lite.recipe import Recipe
-from seal_lite.screen import frontier, screen_tasks
-from seal_lite.store import Store
-from seal_lite.training.advantages import (
+from seal_lite.core import timing
+from seal_lite.core.advantages import (
     diagnosis_weight,
     group_advantages,
     initial_utilities,
@@ -56,6 +46,17 @@ from seal_lite.training.advantages import (
     update_utilities,
     weighted_advantages,
 )
+from seal_lite.core.explainer import argument_values, redact_unseen_values
+from seal_lite.core.interface import SCHEMA_CUE_LINE, TrainingInterface, capability_guidelines
+from seal_lite.core.labels import EXCLUDED_LABELS
+from seal_lite.core.recipe import Recipe
+from seal_lite.engines import distributed
+from seal_lite.engines.store import Store
+from seal_lite.envs.bfcl import Task
+from seal_lite.step.diagnoser import Diagnoser, Explanation, StepReport, failed_turns
+from seal_lite.step.rollout import Generator, Trajectory, rollout_groups
+from seal_lite.step.screen import frontier, screen_tasks
+from seal_lite.step.verifier import EpisodeDiagnosis, diagnose_episode
 
 
 @dataclass
@@ -191,13 +192,13 @@ class SealStep:
         if (self.step - 1) % self.steps_per_epoch == 0:
             self.statistics.reset_window()  # the window statistics restart every epoch (§2 step 6)
         self.progress.step_started(self.step, len(task_ids) * distributed.world_size())
-        profile.take()  # the step's phases start now
-        with profile.phase("sync"):
+        timing.take()  # the step's phases start now
+        with timing.phase("sync"):
             self.sync_policy(self.step)
         every = self.recipe.data.rescreen_every
         self.rescreened = None
         if every and self.step > 1 and (self.step - 1) % every == 0:
-            with profile.phase("rescreen"):
+            with timing.phase("rescreen"):
                 self._rescreen()
         task_ids = self._in_frontier(task_ids)
 
@@ -294,7 +295,7 @@ class SealStep:
                 task = self.tasks[trajectories[0].task_id]
                 # 4. Verify: the official BFCL multi-turn verdict is the reward.
                 # 5. Diagnose every ground-truth turn from executable evidence.
-                with profile.phase("verify"):
+                with timing.phase("verify"):
                     groups.append([(t, diagnose_episode(task, t.turns)) for t in trajectories])
                 self.progress.task_done(task.id, [float(d.valid) for _, d in groups[-1]])
         return groups
@@ -424,7 +425,7 @@ class SealStep:
         metrics |= {f"labels/{label}": n for label, n in counts.items()}
         metrics |= {f"labels/{label}_rate": n / counted for label, n in counts.items() if label not in EXCLUDED_LABELS}
         metrics |= {f"rho/{label}": value for label, value in self.utilities.items()}
-        metrics |= {f"time/{name}_s": seconds for name, seconds in profile.take().items()}
+        metrics |= {f"time/{name}_s": seconds for name, seconds in timing.take().items()}
         step_row = {
             "step": self.step,
             "started_at": started,

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from seal_lite.diagnosis.labels import TurnEvidence, label_turn
+from seal_lite.core.errors import ConfigError
+from seal_lite.core.labels import TurnEvidence, label_turn
 from seal_lite.envs.bfcl import (
     Task,
     TurnRecord,
@@ -72,7 +73,7 @@ def diagnose_episode(task: Task, records: list[TurnRecord]) -> EpisodeDiagnosis:
 # --- the verify contract --------------------------------------------------------------------------------
 
 
-class InputError(ValueError):
+class InputError(ConfigError):
     """A line that cannot be scored; the message says what to fix."""
 
 

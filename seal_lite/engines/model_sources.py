@@ -18,6 +18,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from seal_lite.core.errors import ModelError
+
 
 @dataclass(frozen=True)
 class PipGGUF:
@@ -51,7 +53,7 @@ REGISTRY: dict[str, PipGGUF] = {
 }
 
 
-class ModelSourceError(RuntimeError):
+class ModelSourceError(ModelError):
     """The model cannot be found; the message says how to provide it."""
 
 

@@ -8,7 +8,7 @@
 3. ``models``    each registry model: its pip packages, the command that installs the missing ones, and whether
    the converted (trainable) directory is already cached;
 4. ``self_test``  the masking self-test: one real multi-turn GRPO step on a real BFCL task
-   (seal_lite/selftest.py).
+   (seal_lite/run/selftest.py).
 
 Heavy libraries (torch, transformers, trl) are imported inside the functions that need them, so importing this
 module keeps ``seal-lite --help`` fast.
@@ -24,7 +24,7 @@ import re
 import time
 from pathlib import Path
 
-from seal_lite.ood import INSTALL_HINT
+from seal_lite.run.evaluate_tau2 import INSTALL_HINT
 
 # (import name shown, pip distribution, role). Roles: required by seal-lite, the optional GPU extra, or the optional
 # out-of-distribution extra (τ²-bench: `seal-lite eval --benchmark tau2`).
@@ -49,7 +49,7 @@ GPU_EXTRA_INSTALL = "pip install -e '.[gpu]'"
 
 def hardware() -> dict:
     """CPU cores, RAM, torch's version and build, CUDA, and each GPU's name, memory and native bf16."""
-    from seal_lite.llamacpp import usable_cores
+    from seal_lite.engines.llamacpp import usable_cores
 
     usable = usable_cores()
     total, available = _memory_bytes()
@@ -238,7 +238,7 @@ def _cuda_visible() -> bool:
 def _training_backend(cuda: bool) -> dict:
     """What ``policy.backend: auto`` and ``policy.dtype: auto`` pick here, and why. Unsloth's import is tried in a
     child process (only where auto would choose it: with a GPU), so the self-test's trainer is not Unsloth-patched."""
-    from seal_lite.training.policy import installed_backends, pick_dtype, resolve_backend
+    from seal_lite.engines.policy import installed_backends, pick_dtype, resolve_backend
 
     backend, reason = resolve_backend("auto", cuda, installed_backends(), in_process=False)
     dtype, dtype_reason = pick_dtype("auto", cuda)
@@ -254,7 +254,7 @@ def models() -> list[dict]:
 
     Only metadata and file sizes are read: split models are not assembled just to check them.
     """
-    from seal_lite.models import REGISTRY, _installed_file, assembled_gguf, converted_dir
+    from seal_lite.engines.model_sources import REGISTRY, _installed_file, assembled_gguf, converted_dir
 
     rows = []
     for name, entry in REGISTRY.items():
@@ -287,7 +287,7 @@ def models() -> list[dict]:
 
 def default_self_test_model() -> str:
     """The default recipe's policy model (smollm2-135m)."""
-    from seal_lite.recipe import load_recipe
+    from seal_lite.core.recipe import load_recipe
 
     return load_recipe(None).policy.model
 
@@ -300,8 +300,8 @@ def report(self_test_model: str | None = None, *, self_test: bool = True, **self
     cores for smollm2-135m). Extra keyword arguments go to ``masking_self_test``. ``ok`` is False when a required
     backend is missing or mis-pinned, or the self-test failed.
     """
-    from seal_lite.models import resolve_model
-    from seal_lite.selftest import SelfTestResult, masking_self_test
+    from seal_lite.engines.model_sources import resolve_model
+    from seal_lite.run.selftest import SelfTestResult, masking_self_test
 
     result = {
         "seal_lite": _version("seal-lite"),

@@ -4,7 +4,7 @@ The field defaults *are* the CPU quickstart (``recipes/quickstart.yaml`` restate
 with no recipe runs it. Every field carries its help once, in ``description``. Loading a file turns every
 validation problem into one ``RecipeError`` line naming the field, the reason and a fix, all problems at once.
 With ``check=True`` (``seal-lite run`` and ``seal-lite recipe``) the recipe is also checked against this machine
-(seal_lite/preflight.py): the models, task ids and backends it names must exist here.
+(seal_lite/run/preflight.py): the models, task ids and backends it names must exist here.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from pydantic import (
     model_validator,
 )
 
-from seal_lite import preflight
-from seal_lite.diagnosis.labels import BASE_UTILITY
+from seal_lite.core.errors import ConfigError
+from seal_lite.core.labels import BASE_UTILITY
+from seal_lite.run import preflight
 
 
 class _Section(BaseModel):
@@ -159,7 +160,7 @@ class RolloutConfig(_Section):
     generation_token_budget: int | None = Field(
         None, description="Most padded tokens in one generate call: sequences x (the longest + max_new_tokens), "
         "longest sequences together (None: no budget, generation_batch_size alone). The GPU recipes set it from "
-        "the memory model (seal_lite/memory.py, docs/gpu.md), so a call fits the card; at least max_context_tokens.",
+        "the memory model (seal_lite/core/memory.py, docs/gpu.md), so a call fits the card; at least max_context_tokens.",
     )
     max_logprob_gap: float = Field(
         1.0, gt=0.0, description="llamacpp only: a generated token whose log-probability under llama.cpp and under "
@@ -413,7 +414,7 @@ class Recipe(_Section):
         return Path(self.output_dir or Path("runs") / self.name)
 
 
-class RecipeError(ValueError):
+class RecipeError(ConfigError):
     """A recipe that cannot be used; the message names the field, the reason and a fix."""
 
 
@@ -434,7 +435,7 @@ class _FieldErrors(ValueError):
 def load_recipe(path: str | Path | None = None, overrides: dict | None = None, check: bool = False) -> Recipe:
     """Defaults < recipe file < ``overrides`` (dotted keys, e.g. ``{"grpo.steps": 1}``).
 
-    ``check``: also check what the recipe names against this machine (seal_lite/preflight.py): installed models,
+    ``check``: also check what the recipe names against this machine (seal_lite/run/preflight.py): installed models,
     existing paths and task ids, usable backends. Nothing is loaded or written either way."""
     source = str(path) if path else "default recipe"
     data: dict = {}

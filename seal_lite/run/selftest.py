@@ -67,13 +67,13 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
     directory, deleted afterwards. For smollm2-135m on 2 AVX2 cores (fp32): about 65 s with peft, 7-9 minutes
     with peft-4bit (bitsandbytes' CPU NF4 kernels dequantize every weight on every call).
     """
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.engines.policy import count_linear4bit, load_policy
+    from seal_lite.engines.store import Store
+    from seal_lite.engines.transformers_generate import TransformersGenerator
     from seal_lite.envs.bfcl import load_tasks
-    from seal_lite.generation import TransformersGenerator
-    from seal_lite.loop import SealStep
-    from seal_lite.recipe import load_recipe
-    from seal_lite.store import Store
+    from seal_lite.step.algorithm import SealStep
     from seal_lite.training.grpo import build_trainer
-    from seal_lite.training.policy import count_linear4bit, load_policy
 
     if backend not in ("peft", "peft-4bit"):
         raise ValueError(f"the masking self-test runs on peft or peft-4bit, not {backend}")

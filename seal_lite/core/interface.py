@@ -26,7 +26,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from seal_lite.envs.calls import REJECTED
+from seal_lite.core.calls import REJECTED
 
 # The tool block, byte for byte as the SEAL release's tools_schema_to_qwen_prompt("bfcl_qwen_fc") writes it.
 TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

@@ -1,7 +1,7 @@
 """What the local diagnoser model is asked and what it may answer: pure functions, no model in sight.
 
 For a failed turn the rule diagnoser has already given a label from executable evidence. The local model
-(served by llama.cpp, seal_lite/llamacpp.py) adds an explanation and a recovery hint, and may refine the
+(served by llama.cpp, seal_lite/engines/llamacpp.py) adds an explanation and a recovery hint, and may refine the
 label, under a JSON schema that constrains its generation:
 
     {"label": <failure label>, "cause": <cause or null>, "culprit_call_index": <int or null>,
@@ -20,8 +20,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from seal_lite.diagnosis.labels import BASE_UTILITY, CAUSES, EXCLUDED_LABELS, SUCCESS_LABELS
-from seal_lite.envs.calls import parse_calls
+from seal_lite.core.calls import parse_calls
+from seal_lite.core.labels import BASE_UTILITY, CAUSES, EXCLUDED_LABELS, SUCCESS_LABELS
 
 PROMPT_VERSION = 1  # part of the cache key: a new prompt must not reuse old answers
 MAX_TEXT_CHARS = 200
