@@ -422,6 +422,7 @@ def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrid
     from seal_lite.console import Tau2Progress, print_tau2
     from seal_lite.engines.llamacpp import BackendError
     from seal_lite.engines.model_sources import ModelSourceError
+    from seal_lite.engines.rollout_engine import rollout_backend
     from seal_lite.engines.store import Store
     from seal_lite.run.evaluate_tau2 import (
         Tau2NotInstalled,
@@ -435,7 +436,6 @@ def _evaluate_tau2(target, domains, per_domain, user_model, base, steps, overrid
         serving,
         summarize,
     )
-    from seal_lite.run.train import rollout_backend
 
     try:
         require_tau2()

@@ -110,10 +110,10 @@ def result_rows(model_label: str, split: str, results: list[TaskResult]) -> list
 def evaluation_engine(recipe: Recipe, adapter: Path | None, work_dir: Path):
     """A generator for the recipe's policy model, with the LoRA adapter saved in ``adapter`` (a run's
     ``adapter/`` or checkpoint directory) or without one (the base model). The engine is the run's own
-    (seal_lite.run.train.rollout_engine): llama.cpp on a CPU for a GGUF model, else transformers."""
+    (seal_lite.engines.rollout_engine.rollout_engine): llama.cpp on a CPU for a GGUF model, else transformers."""
     from seal_lite.engines.model_sources import resolve_model
     from seal_lite.engines.policy import load_policy, with_adapter
-    from seal_lite.run.train import rollout_engine
+    from seal_lite.engines.rollout_engine import rollout_engine
 
     recipe = recipe.model_copy(update={"rollout": evaluation_rollout(recipe.rollout)})
     policy = load_policy(resolve_model(recipe.policy.model), recipe)
