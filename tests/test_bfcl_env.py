@@ -11,7 +11,7 @@ from seal_lite.step.verifier import diagnose_episode
 DATA = Path(__file__).parent.parent / "data"
 ALL_IDS = DATA.joinpath("train_ids.txt").read_text().split() + DATA.joinpath("eval_ids.txt").read_text().split()
 # In this entry the ground truth calls `tail` at turn 1, but BFCL reveals `tail` only at turn 3: replaying it
-# through an environment that enforces visibility (as SEAL_METHOD.md §6 requires) must reject that call.
+# through an environment that enforces visibility (as docs/method.md §6 requires) must reject that call.
 GT_USES_HIDDEN_TOOL = {"multi_turn_miss_func_49"}
 
 

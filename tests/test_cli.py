@@ -111,7 +111,7 @@ def test_the_run_summary_draws_the_reward_curve():
 
 
 def test_the_paper_recipe_says_what_the_paper_did():
-    """SEAL_METHOD.md §2 and §8; what still differs is docs/deviations.md's (LoRA, its learning rate, 4-bit)."""
+    """docs/method.md §2 and §8; what still differs is docs/deviations.md's (LoRA, its learning rate, 4-bit)."""
     paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml")
     rollout, grpo = paper.rollout, paper.grpo
     assert (rollout.num_generations, rollout.temperature, rollout.max_model_calls, rollout.max_response_tokens,

@@ -19,7 +19,7 @@ fixed at rollout time; dr_grpo by B x max_completion_length.
 
 KL: trl 1.14.2 defaults to ``use_bias_correction_kl=True`` (lines 3175-3176), which multiplies k3 by the
 differentiable ratio r_t. Its value is unchanged on-policy but its gradient gains k3 * grad(logp) everywhere;
-SEAL_METHOD.md §2 step 9 asks for plain low_var_kl (k3), so build_trainer turns the flag off. The reference
+docs/method.md §2 step 9 asks for plain low_var_kl (k3), so build_trainer turns the flag off. The reference
 follows the trainer's flag, and both settings are compared.
 """
 

@@ -12,7 +12,7 @@ def evidence(**fields):
 @pytest.mark.parametrize("fields, expected", [
     ({"gt_error": "boom", "gt_calls": 0, "state_match": False}, ("gt_error", None)),
     ({"gt_calls": 0, "model_calls": 1}, ("spurious_tool_call", None)),
-    # only rejected attempts (unparseable, or a tool not shown): no call was made (SEAL_METHOD.md §8)
+    # only rejected attempts (unparseable, or a tool not shown): no call was made (docs/method.md §8)
     ({"gt_calls": 0, "model_calls": 2, "decoded_calls": 0, "unknown_tools": 2}, ("correct_abstention", None)),
     ({"model_calls": 1, "decoded_calls": 0, "unknown_tools": 1}, ("empty_turn_model_response", "invalid_tool_call")),
     ({"gt_calls": 0, "model_calls": 0, "decoded_calls": 0}, ("correct_abstention", None)),

@@ -1,4 +1,4 @@
-"""The evaluation view is BFCL's own task: byte for byte the official surface of SEAL_METHOD.md §8, for all 800
+"""The evaluation view is BFCL's own task: byte for byte the official surface of docs/method.md §8, for all 800
 multi-turn entries, and what Qwen2.5's chat template writes for ``tools=`` up to two named differences.
 
 The reference here is written from §8 and bfcl-eval alone (its own ``populate_test_cases_with_predefined_functions``

@@ -5,7 +5,7 @@ For every mutant of the corpus (seal_lite/envs/mutations.py, built from the data
   official multi-turn checker run directly on the mutant's call strings;
 * the verdict read off the turn evidence alone equals it, and the first turn that fails carries the label
   that matches the official error type.
-As in the SEAL release's service (SEAL_METHOD.md §8), a call to a tool of the task that the turn does not show is
+As in the SEAL release's service (docs/method.md §8), a call to a tool of the task that the turn does not show is
 rejected before execution and is not a decoded call: the checker never sees it. The ground truth of
 multi_turn_miss_func_49 makes such a call; there the comparison is with the official checker given the calls
 without it. A call to a function the task does not have (the unknown_function mutants) is not run either, but the

@@ -55,7 +55,7 @@ def test_four_workers_give_the_serial_results_in_order():
 
 
 def test_a_turn_whose_only_call_names_no_real_tool_is_an_empty_turn():
-    """A call of a tool that does not exist is rejected, so it is no decoded call (SEAL_METHOD.md §8): the turn is
+    """A call of a tool that does not exist is rejected, so it is no decoded call (docs/method.md §8): the turn is
     empty_turn_model_response, and the verdict is bfcl-eval's on the calls without it."""
     from seal_lite.envs.bfcl import official_verdict
 

@@ -1,4 +1,4 @@
-"""GRPO group advantages, SEAL diagnosis weights and closed-loop label utilities (SEAL_METHOD.md §2, §5).
+"""GRPO group advantages, SEAL diagnosis weights and closed-loop label utilities (docs/method.md §2, §5).
 
 All functions here take plain lists/dicts and return plain values, so they are tested without models.
 """

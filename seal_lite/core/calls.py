@@ -1,6 +1,6 @@
 """Safe parsing of model text into tool calls, in two modes (``rollout.parser``).
 
-* ``strict`` is the official BFCL surface of the SEAL release (SEAL_METHOD.md §8, ``strict_tool_parser``):
+* ``strict`` is the official BFCL surface of the SEAL release (docs/method.md §8, ``strict_tool_parser``):
   calls are ``<tool_call>{"name": "cd", "arguments": {"folder": "x"}}</tool_call>`` blocks whose object has
   both "name" and "arguments". One malformed block makes the whole message a parse error (no call of it runs),
   and tag text without any valid block is one too. A message without tool-call tags is an answer in text.
@@ -30,7 +30,7 @@ _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _STRICT_BLOCK = re.compile(r"<tool_call>\s*\n?({.*?})\s*\n?</tool_call>", re.DOTALL)  # the release's pattern
 PARSERS = ("strict", "lenient")
 # Statuses of an attempted call that never ran: unparseable, naming a tool the turn does not show, or sent in the
-# same message as such a call under the strict parser. None of them is a decoded call (SEAL_METHOD.md §8).
+# same message as such a call under the strict parser. None of them is a decoded call (docs/method.md §8).
 REJECTED = ("parse_error", "unknown_tool", "rejected")
 _CODE_FENCE = re.compile(r"```(?:python|py|json)?\s*(.*?)```", re.DOTALL)
 _CALL_START = re.compile(r"\[?\s*[A-Za-z_][\w.]*\(")

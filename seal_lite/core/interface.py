@@ -1,6 +1,6 @@
-"""The agent's view of a task and the training-time interface Omega (SEAL_METHOD.md §4 and §8).
+"""The agent's view of a task and the training-time interface Omega (docs/method.md §4 and §8).
 
-The plain view is the official BFCL surface of the SEAL release (``bfcl_qwen_fc``, SEAL_METHOD.md §8): the
+The plain view is the official BFCL surface of the SEAL release (``bfcl_qwen_fc``, docs/method.md §8): the
 system message is the tool block Qwen2.5's chat template writes for ``tools=`` (every tool's BFCL doc as JSON
 inside <tools></tools>, then the <tool_call> format), tool results come back as <tool_response> blocks in a
 user message, and a rejected message is answered with the service's "[ERROR] Invalid tool call format: ...".
@@ -183,7 +183,7 @@ ERROR_HINTS = [
 
 
 def recovery_feedback(status: str, result: str, visible: list[str]) -> str:
-    """phi_err: one hint for a failed call, chosen from the error text (SEAL_METHOD.md §4)."""
+    """phi_err: one hint for a failed call, chosen from the error text (docs/method.md §4)."""
     tools = ", ".join(sorted(visible))
     if status == "parse_error":
         return PARSE_HINT.format(tools=tools)

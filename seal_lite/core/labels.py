@@ -1,4 +1,4 @@
-"""Turn-level failure labels (SEAL_METHOD.md §3): the taxonomy and the rule that picks one label per turn.
+"""Turn-level failure labels (docs/method.md §3): the taxonomy and the rule that picks one label per turn.
 
 ``label_turn`` is pure: it takes the executable evidence gathered for one ground-truth turn (by the BFCL
 adapter) and returns ``(label, cause)``. The first matching rule of the §3 table wins. The cause records the
@@ -60,7 +60,7 @@ def label_turn(evidence: TurnEvidence) -> tuple[str, str | None]:
     if e.gt_error:
         label = "gt_error"
     elif e.gt_calls == 0:
-        # rejected attempts are no calls (SEAL_METHOD.md §8): only accepted ones make a turn spurious
+        # rejected attempts are no calls (docs/method.md §8): only accepted ones make a turn spurious
         label = "spurious_tool_call" if e.decoded_calls > 0 else "correct_abstention"
     elif e.decoded_calls == 0:
         label = "empty_turn_model_response"

@@ -134,7 +134,7 @@ class RolloutConfig(_Section):
     )
     parser: Literal["strict", "lenient"] = Field(
         "strict",
-        description="How model messages become calls. strict: the official surface (SEAL_METHOD.md §8): "
+        description="How model messages become calls. strict: the official surface (docs/method.md §8): "
         "<tool_call>{\"name\", \"arguments\"}</tool_call> blocks only, one malformed block or hidden tool rejects "
         "the whole message. lenient: also BFCL's python-call form and unclosed blocks, rejecting only the bad "
         "calls. Evaluation always uses strict.",
@@ -189,7 +189,7 @@ class InterfaceConfig(_Section):
     tool_format: Literal["official", "signatures"] = Field(
         "official",
         description="How tools appear in the training system prompt. official: BFCL's JSON docs in the tool block "
-        "of SEAL_METHOD.md §8 (what evaluation shows). signatures: one line per tool, about 6x fewer tokens but "
+        "of docs/method.md §8 (what evaluation shows). signatures: one line per tool, about 6x fewer tokens but "
         "without descriptions or enums, for small CPU budgets; a training-time departure from the paper.",
     )
 
@@ -259,9 +259,9 @@ class GRPOConfig(_Section):
     apply_to: Literal["all", "positive", "negative"] = Field(
         "all", description="Which advantages the diagnosis weight scales."
     )
-    closed_loop: bool = Field(True, description="Update label utilities rho each step (SEAL_METHOD.md §5).")
+    closed_loop: bool = Field(True, description="Update label utilities rho each step (docs/method.md §5).")
     utilities: dict[str, float] = Field(
-        {}, description="Base utility b_z per label, e.g. {state_mismatch: 1.2} (default: SEAL_METHOD.md §3's table): "
+        {}, description="Base utility b_z per label, e.g. {state_mismatch: 1.2} (default: docs/method.md §3's table): "
         "rho starts there, the closed-loop target scales it, and pass keeps it; with closed_loop false rho stays at it.",
     )
     mini_batches: int = Field(

@@ -6,7 +6,7 @@ This is the only module that imports ``bfcl_eval``. Three things happen here:
   docs and ground truth.
 * ``Environment`` holds fresh API instances for one episode and dispatches parsed ``ToolCall``s by
   ``getattr`` to the methods visible in the current turn: model text is never evaluated. Its answers read as
-  the SEAL release's BFCL service writes them (SEAL_METHOD.md §8): a tool's result as bfcl-eval's executor
+  the SEAL release's BFCL service writes them (docs/method.md §8): a tool's result as bfcl-eval's executor
   formats it, a rejected message as "[ERROR] Invalid tool call format: ...".
 * ``official_verdict`` runs bfcl-eval's own ``multi_turn_checker``, and ``turn_evidence`` replays the same
   calls turn by turn to explain every ground-truth turn. Both hand bfcl-eval only canonical call strings that

@@ -1,4 +1,4 @@
-"""Held-out evaluation: greedy decoding, the official surface, the official verdict (SEAL_METHOD.md §2 step 11).
+"""Held-out evaluation: greedy decoding, the official surface, the official verdict (docs/method.md §2 step 11).
 
 Each task is played once, greedily, under ``evaluation_interface()`` (no training state can reach it): BFCL's
 tool block with every doc in full, the strict parser, and no cap on the model messages of a turn (a turn ends

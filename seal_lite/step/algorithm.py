@@ -1,4 +1,4 @@
-"""The SEAL loop (SEAL_METHOD.md §2, Algorithm 1), one step at a time.
+"""The SEAL loop (docs/method.md §2, Algorithm 1), one step at a time.
 
 ``SealStep.__call__`` is the body of one iteration, steps 1-8 and 10 in order; step 9, the policy update,
 is TRL's GRPOTrainer, which calls this body through its ``rollout_func`` and then applies the update with the

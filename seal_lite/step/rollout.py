@@ -8,7 +8,7 @@ Each episode keeps the exact token ids the policy saw, with ``env_mask`` = 1 on 
 and 0 on everything the environment wrote (system prompt, user turns, tool results, chat-template glue):
 only model tokens carry loss.
 
-The conversation is the official BFCL surface (SEAL_METHOD.md §8): a system message (the tool block, plus what
+The conversation is the official BFCL surface (docs/method.md §8): a system message (the tool block, plus what
 the training interface adds), the task's user turns, and the environment's replies to tool calls as user
 messages. No ``tools=`` goes to the chat template: the tool block is already in the system message, so every
 model, with a tool template (Qwen) or without one (SmolLM2), sees the same text.

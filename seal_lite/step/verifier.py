@@ -1,6 +1,6 @@
 """Whole episodes: the official verdict, the irrelevance metric, and one label per ground-truth turn.
 
-``diagnose_episode`` is what the SEAL loop calls for every rollout (steps 4 and 5 of SEAL_METHOD.md §2).
+``diagnose_episode`` is what the SEAL loop calls for every rollout (steps 4 and 5 of docs/method.md §2).
 ``verify_lines`` is the ``seal-lite verify`` contract for call lists produced by any system: one JSON object
 per input line, one result per line, in input order, optionally spread over worker processes.
 

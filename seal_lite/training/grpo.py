@@ -7,7 +7,7 @@ How SEAL plugs into GRPOTrainer, through its extension points:
   with ``env_mask`` so only policy tokens carry loss.
 * ``_generate_and_score_completions`` is overridden by the smallest possible amount: TRL's own group
   normalisation (std + 1e-4) is replaced by the SEAL advantages the loop computed, A_j = (r_j - mean) /
-  (std + 1e-6) times the diagnosis weight w_j (SEAL_METHOD.md §2 steps 7-8).
+  (std + 1e-6) times the diagnosis weight w_j (docs/method.md §2 steps 7-8).
 * the reward function only hands TRL the official verdict the loop already computed, for TRL's logging.
 * llama.cpp rollouts: the tokens whose log-probs the two engines disagree on leave the loss; the trained side
   is the update's own log-probs (``compute_loss`` on-policy, TRL's old log-probs otherwise), never a pass of its own.
