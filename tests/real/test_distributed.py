@@ -274,7 +274,7 @@ def test_shipped_accelerate_configs_load():
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.utils import DistributedType
 
-    root = Path(__file__).parent.parent / "recipes" / "accelerate"
+    root = Path(__file__).parents[2] / "recipes" / "accelerate"
     assert load_config_from_file(str(root / "ddp.yaml")).distributed_type == DistributedType.MULTI_GPU
     zero2 = load_config_from_file(str(root / "zero2.yaml"))
     assert zero2.distributed_type == DistributedType.DEEPSPEED

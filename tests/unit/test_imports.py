@@ -7,7 +7,7 @@ TYPE_CHECKING: a circle that only type checkers see is still a circle a reader m
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).parent.parent / "seal_lite"
+PACKAGE = Path(__file__).parents[2] / "seal_lite"
 
 
 def module_name(path: Path) -> str:

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from seal_lite.cli import main
 from seal_lite.core.recipe import load_recipe
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path")
 
 

@@ -11,7 +11,7 @@ from seal_lite.core.recipe import Recipe
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
 
-TRAIN_IDS = (Path(__file__).parent.parent / "data" / "train_ids.txt").read_text().split()
+TRAIN_IDS = (Path(__file__).parents[2] / "data" / "train_ids.txt").read_text().split()
 
 
 def vehicle_task():

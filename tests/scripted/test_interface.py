@@ -31,7 +31,7 @@ from seal_lite.envs.bfcl import Environment, load_tasks
 from seal_lite.step.algorithm import SealStep
 from seal_lite.step.rollout import rollout_group
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 TRAIN_IDS = DATA.joinpath("train_ids.txt").read_text().split()
 
 

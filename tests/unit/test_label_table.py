@@ -9,7 +9,8 @@ import dataclasses
 
 import pytest
 
-from seal_lite.core.labels import BASE_UTILITY, CAUSES, EXCLUDED_LABELS, TurnEvidence, label_turn
+from seal_lite.core.labels import BASE_UTILITY, CAUSES, EXCLUDED_LABELS, label_turn
+from seal_lite.core.types import TurnEvidence
 from seal_lite.envs import bfcl
 from seal_lite.envs.bfcl import load_tasks, replay_calls
 from seal_lite.step.verifier import diagnose_episode

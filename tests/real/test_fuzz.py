@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from seal_lite.core.calls import REJECTED, parse_calls
 from seal_lite.core.labels import BASE_UTILITY
-from seal_lite.envs.bfcl import NO_SUCH_FUNCTION_CALL, Environment, TurnRecord, load_tasks
+from seal_lite.core.types import NO_SUCH_FUNCTION_CALL, TurnRecord
+from seal_lite.envs.bfcl import Environment, load_tasks
 from seal_lite.step.verifier import diagnose_episode
 
 EXAMPLES = int(os.environ.get("SEAL_LITE_FUZZ_EXAMPLES", "10000"))

@@ -27,7 +27,7 @@ from seal_lite.envs.bfcl import CATEGORIES, load_tasks
 from seal_lite.run.evaluate_bfcl import evaluation_rollout
 from seal_lite.step.rollout import opening_messages, rollout_group, user_text
 
-QWEN_TEMPLATE = (Path(__file__).parent / "data" / "qwen2.5_chat_template.jinja").read_text()
+QWEN_TEMPLATE = (Path(__file__).parents[1] / "data" / "qwen2.5_chat_template.jinja").read_text()
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 

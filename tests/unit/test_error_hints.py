@@ -19,7 +19,7 @@ from seal_lite.core.interface import ERROR_HINTS, GENERIC_HINT, recovery_feedbac
 from seal_lite.envs.bfcl import ERROR_PREFIX, Environment, load_tasks
 from seal_lite.envs.mutations import corpus
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 API_CLASSES = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",
                "VehicleControlAPI")
 HINTS = {kind: hint for kind, _, hint in ERROR_HINTS} | {"generic": GENERIC_HINT}

@@ -23,7 +23,7 @@ from seal_lite.core.labels import BASE_UTILITY, CAUSES, SUCCESS_LABELS
 from seal_lite.core.recipe import load_recipe
 from seal_lite.envs.bfcl import load_tasks, official_verdict
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 
 # Run in the notebook's kernel after its last cell: what it computed, as JSON, for the checks below.

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from seal_lite.cli import main
 from seal_lite.core.recipe import Recipe, load_recipe
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 def test_help_for_group_and_commands():

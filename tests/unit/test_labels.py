@@ -2,7 +2,8 @@
 
 import pytest
 
-from seal_lite.core.labels import TurnEvidence, label_turn, passes_checker
+from seal_lite.core.labels import label_turn, passes_checker
+from seal_lite.core.types import TurnEvidence
 
 
 def evidence(**fields):

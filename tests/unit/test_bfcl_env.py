@@ -4,11 +4,12 @@ import dataclasses
 import json
 from pathlib import Path
 
+from seal_lite.core.types import TurnRecord
 from seal_lite.envs import bfcl
-from seal_lite.envs.bfcl import Environment, TurnRecord, load_tasks, official_verdict
+from seal_lite.envs.bfcl import Environment, load_tasks, official_verdict
 from seal_lite.step.verifier import diagnose_episode
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 ALL_IDS = DATA.joinpath("train_ids.txt").read_text().split() + DATA.joinpath("eval_ids.txt").read_text().split()
 # In this entry the ground truth calls `tail` at turn 1, but BFCL reveals `tail` only at turn 3: replaying it
 # through an environment that enforces visibility (as docs/method.md §6 requires) must reject that call.

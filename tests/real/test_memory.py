@@ -14,7 +14,7 @@ from seal_lite.core.memory import GIB, KNOWN_SHAPES, Shape, generate_peak, rollo
 from seal_lite.core.recipe import load_recipe
 from seal_lite.step.rollout import generation_chunks
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 GPU_RECIPES = {"colab-t4": 15, "gpu-24gb": 24, "paper-qwen2.5-7b": 80, "ablation-vanilla-grpo": 80,
                "ablation-no-interface": 80, "ablation-no-reweighting": 80, "ablation-no-closed-loop": 80}  # card, GB
 

@@ -43,7 +43,7 @@ def test_backends_come_from_pip_metadata_checked_against_the_pins():
     assert all(rows[name]["ok"] for name in ("torch", "transformers", "trl", "peft", "accelerate", "llama_cpp"))
     assert "unsloth" not in sys.modules  # found without importing it: it crashes without a GPU
     # the pins are pyproject's, dependencies and the gpu extra alike
-    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
     pins = doctor.seal_lite_pins()
     for line in project["dependencies"] + project["optional-dependencies"]["gpu"]:
         requirement = Requirement(line)

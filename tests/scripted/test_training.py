@@ -8,10 +8,11 @@ from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite.core.interface import TrainingInterface
 from seal_lite.core.recipe import load_recipe
+from seal_lite.core.types import RolloutBatch
 from seal_lite.engines.policy import load_policy
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.step.algorithm import RolloutBatch, SealStep
+from seal_lite.step.algorithm import SealStep
 from seal_lite.step.rollout import rollout_group
 from seal_lite.training import grpo, shared_prefix
 

@@ -24,7 +24,7 @@ import yaml
 from seal_lite.cli import main
 from seal_lite.core.recipe import RecipeError, load_recipe
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
 

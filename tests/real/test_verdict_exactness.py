@@ -28,7 +28,7 @@ from seal_lite.envs.bfcl import load_tasks, official_verdict, replay_calls
 from seal_lite.envs.mutations import KINDS, corpus
 from seal_lite.step.verifier import diagnose_episode
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 ALL_IDS = DATA.joinpath("train_ids.txt").read_text().split() + DATA.joinpath("eval_ids.txt").read_text().split()
 
 
