@@ -88,7 +88,7 @@ def synthetic_batch(tokens: int, rollouts: int, vocab: int, seed: int = 0):
     +1/-1."""
     import torch
 
-    from seal_lite.step.algorithm import RolloutBatch
+    from seal_lite.core.types import RolloutBatch
 
     generator = torch.Generator().manual_seed(seed)
     prompt = min(3072, tokens // 4)

@@ -62,8 +62,8 @@ def rollout_batch(tokenizer, group: int, prompt_tokens: int | None, seed: int = 
 
     from seal_lite.core.advantages import group_advantages
     from seal_lite.core.interface import evaluation_interface
+    from seal_lite.core.types import RolloutBatch
     from seal_lite.envs.bfcl import load_tasks
-    from seal_lite.step.algorithm import RolloutBatch
     from seal_lite.step.rollout import turn_text
 
     task = load_tasks([TASK])[0]

@@ -160,8 +160,8 @@ class Checks:
         import torch
         from transformers import TrainerCallback
 
+        from seal_lite.core.types import RolloutBatch
         from seal_lite.engines.policy import load_policy
-        from seal_lite.step.algorithm import RolloutBatch
 
         recipe = check_recipe(self.model_dir, self.backend, self.tiny, **{
             "grpo.tasks_per_step": 1, "grpo.mini_batches": 1, "grpo.loss_type": "grpo", "grpo.beta": 0.0,
@@ -221,8 +221,8 @@ class Checks:
         """Rows padded to a long prompt plus a long completion, wider than the context: trained uncut."""
         import torch
 
+        from seal_lite.core.types import RolloutBatch
         from seal_lite.engines.policy import load_policy
-        from seal_lite.step.algorithm import RolloutBatch
 
         context = 1024 if self.tiny else 8192
         recipe = check_recipe(self.model_dir, self.backend, self.tiny, **{"rollout.max_context_tokens": context,

@@ -142,10 +142,10 @@ def run(recipe, out, overrides, overwrite, processes):
     out_dir = distributed.on_main(choose_out_dir)
 
     from seal_lite.console import RichProgress, print_recipe, print_summary
+    from seal_lite.core.types import NoProgress
     from seal_lite.engines.model_sources import ModelSourceError
     from seal_lite.engines.policy import PolicyBackendError
     from seal_lite.run.train import run as run_loop
-    from seal_lite.step.algorithm import NoProgress
 
     if main_process:
         print_recipe(config, out_dir)

@@ -7,7 +7,7 @@ finer failure kind the paper names, in the paper's priority order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from seal_lite.core.types import TurnEvidence
 
 # label -> base utility rho_z (None: excluded from weighting and statistics)
 BASE_UTILITY: dict[str, float | None] = {
@@ -32,27 +32,6 @@ OFFICIAL_ERROR_LABELS = {
     "multi_turn:execution_response_mismatch": "response_mismatch",
     "checker_error": "checker_error",
 }
-
-@dataclass
-class TurnEvidence:
-    """What replaying one ground-truth turn showed. Filled by the environment adapter."""
-
-    gt_calls: int  # number of ground-truth calls in the turn
-    model_calls: int  # calls the model attempted (parsed or not)
-    decoded_calls: int  # accepted calls: parsed and visible this turn, run, and seen by the official checker
-    failed_unknown_calls: int = 0  # calls to functions the task does not have: never run, yet the checker sees
-    # them as failed calls (bfcl-eval's does); they count for the verdict, not for the label
-    gt_error: str | None = None
-    checker_error: str | None = None
-    instances_match: bool = True
-    state_match: bool = True
-    response_match: bool = True
-    parse_errors: int = 0  # unparseable call text
-    unknown_tools: int = 0  # calls to tools not visible this turn
-    argument_errors: int = 0  # tool errors about missing/unexpected/mistyped arguments
-    unrepaired_tool_error: bool = False  # a tool error in the turn was not followed by a successful call
-    differences: list[str] = field(default_factory=list)  # human-readable evidence
-
 
 def label_turn(evidence: TurnEvidence) -> tuple[str, str | None]:
     """Return (label, cause) for one ground-truth turn; cause is None for success labels."""

@@ -22,7 +22,7 @@ import importlib
 import inspect
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
@@ -35,17 +35,12 @@ from bfcl_eval.constants.executable_backend_config import (
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as checker
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
-from seal_lite.core.calls import REJECTED, ToolCall, parse_calls
-from seal_lite.core.labels import TurnEvidence
+from seal_lite.core.calls import ToolCall, parse_calls
+from seal_lite.core.types import NO_SUCH_FUNCTION_CALL, CallOutcome, TurnEvidence, TurnRecord
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 ERROR_PREFIX = "Error during execution:"
 INVALID_FORMAT = "[ERROR] Invalid tool call format:"  # the official service's reply to a rejected message
-# What the checker gets for a call naming a function that no class of the task has. bfcl-eval's checker, given
-# such a call, runs it as a failed call (its executor records "Error during execution: name ... is not
-# defined"): the turn is not empty, and nothing changes state. This constant is not a defined name, so the
-# checker does exactly that, and no model text (a name like "exit" or "open") ever reaches its eval.
-NO_SUCH_FUNCTION_CALL = "seal_lite_no_such_function()"
 
 
 @dataclass
@@ -159,35 +154,6 @@ def _read_jsonl(path) -> list[dict]:
 
 
 # --- the live environment ---------------------------------------------------------------------------------
-
-
-@dataclass
-class CallOutcome:
-    call: ToolCall | None  # None when the text could not be parsed
-    result: str
-    status: str  # "ok" | "tool_error" | "argument_error" | one of REJECTED
-    canonical: str = ""  # the call as dispatched, in BFCL python form (tools may later mutate argument lists)
-    exists: bool = True  # the call names a method of the task's classes (visible this turn or not)
-
-    @property
-    def executed(self) -> bool:
-        return self.status not in REJECTED
-
-    @property
-    def shown(self) -> str:
-        """The call as text for people (and the store)."""
-        return self.canonical or (self.call.to_python() if self.call else "(unparseable)")
-
-    @property
-    def checker_call(self) -> str | None:
-        """The call string the official checker gets: the dispatched call; NO_SUCH_FUNCTION_CALL for a call to a
-        function the task does not have, which bfcl-eval's checker would run as a failed call; None for a call
-        that was rejected otherwise (unparseable, or naming a tool of the task that this turn does not show:
-        bfcl-eval's executor would run that one, the environment does not). The verdict is the checker's on
-        these calls; labels count accepted calls only (``TurnEvidence.decoded_calls``), as in the SEAL release."""
-        if self.executed:
-            return self.canonical
-        return NO_SUCH_FUNCTION_CALL if self.status == "unknown_tool" and not self.exists else None
 
 
 def _new_instances(task: Task) -> dict[str, object]:
@@ -318,23 +284,6 @@ def _forget_instances(model_name: str) -> None:
     cache = vars(multi_turn_utils)
     for key in [key for key in cache if key.startswith(model_name)]:
         del cache[key]
-
-
-@dataclass
-class TurnRecord:
-    """What happened in one user turn of an episode."""
-
-    user_text: str
-    outcomes_per_step: list[list[CallOutcome]] = field(default_factory=list)
-
-    @property
-    def outcomes(self) -> list[CallOutcome]:
-        return [outcome for step in self.outcomes_per_step for outcome in step]
-
-    def checker_steps(self) -> list[list[str]]:
-        """Call strings per model step as the official checker gets them (see ``CallOutcome.checker_call``)."""
-        steps = [[o.checker_call for o in step if o.checker_call is not None] for step in self.outcomes_per_step]
-        return [step for step in steps if step]
 
 
 def replay_calls(task: Task, steps_per_turn: list[list[list[str]]], parser: str = "lenient") -> list[TurnRecord]:

@@ -30,12 +30,13 @@ from filelock import FileLock, Timeout
 
 from seal_lite.core.errors import RunError
 from seal_lite.core.recipe import Recipe, RecipeError
+from seal_lite.core.types import NoProgress, Progress
 from seal_lite.engines import distributed
 from seal_lite.engines.model_sources import resolve_gguf
 from seal_lite.engines.rollout_engine import rollout_backend, rollout_engine
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import Task, load_tasks, split_ids
-from seal_lite.step.algorithm import NoProgress, Progress, SealStep
+from seal_lite.step.algorithm import SealStep
 from seal_lite.step.diagnoser import Diagnoser
 
 

@@ -33,9 +33,7 @@ import dataclasses
 import json
 import random
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections import Counter
 
 from seal_lite.core import timing
 from seal_lite.core.advantages import (
@@ -50,95 +48,23 @@ from seal_lite.core.explainer import argument_values, redact_unseen_values
 from seal_lite.core.interface import SCHEMA_CUE_LINE, TrainingInterface, capability_guidelines
 from seal_lite.core.labels import EXCLUDED_LABELS
 from seal_lite.core.recipe import Recipe
+from seal_lite.core.types import (
+    EpisodeDiagnosis,
+    Explanation,
+    FailureStatistics,
+    NoProgress,
+    Progress,
+    RolloutBatch,
+    StepReport,
+    Trajectory,
+)
 from seal_lite.engines import distributed
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import Task
-from seal_lite.step.diagnoser import Diagnoser, Explanation, StepReport, failed_turns
-from seal_lite.step.rollout import Generator, Trajectory, rollout_groups
+from seal_lite.step.diagnoser import Diagnoser, failed_turns
+from seal_lite.step.rollout import Generator, rollout_groups
 from seal_lite.step.screen import frontier, screen_tasks
-from seal_lite.step.verifier import EpisodeDiagnosis, diagnose_episode
-
-
-@dataclass
-class RolloutBatch:
-    """What one SEAL step hands the policy update, one entry per trajectory in TRL's prompt order."""
-
-    prompt_ids: list[list[int]]
-    completion_ids: list[list[int]]
-    env_mask: list[list[int]]
-    rewards: list[float]
-    advantages: list[float]  # already multiplied by the diagnosis weights
-    sampled_logprobs: list[list[float]] | None = None  # the rollout engine's, when it is not the trained model
-    step_signal: bool | None = None  # several processes: whether any advantage of the whole step is non-zero
-
-    @classmethod
-    def from_trajectories(cls, trajectories: list[Trajectory], rewards: list[float], advantages: list[float],
-                          step_signal: bool | None = None) -> RolloutBatch:
-        """The batch of ``trajectories`` (in TRL's prompt order) with their rewards and final advantages; the
-        sampling engine's log-probs go along when every trajectory has them. ``step_signal``: whether the step
-        (all processes' batches) has any non-zero advantage, when this batch is only a part of it."""
-        if not len(trajectories) == len(rewards) == len(advantages):
-            raise ValueError(f"{len(trajectories)} trajectories, {len(rewards)} rewards and {len(advantages)} "
-                             "advantages: give one of each per trajectory")
-        return cls(
-            prompt_ids=[t.prompt_ids for t in trajectories],
-            completion_ids=[t.completion_ids for t in trajectories],
-            env_mask=[t.env_mask for t in trajectories],
-            rewards=list(rewards),
-            advantages=list(advantages),
-            sampled_logprobs=([t.sampled_logprobs for t in trajectories]
-                              if all(t.sampled_logprobs is not None for t in trajectories) else None),
-            step_signal=step_signal,
-        )
-
-
-class Progress(Protocol):
-    def screen_started(self, step: int, num_tasks: int) -> None: ...
-    def task_screened(self, task_id: str, passes: int, samples: int) -> None: ...
-    def run_started(self, resumed_after: int, setup: str) -> None: ...
-    def step_started(self, step: int, num_tasks: int) -> None: ...
-    def task_done(self, task_id: str, rewards: list[float]) -> None: ...
-    def step_finished(self, step: int, metrics: dict[str, float]) -> None: ...
-
-
-class NoProgress:
-    def screen_started(self, step, num_tasks): pass
-    def task_screened(self, task_id, passes, samples): pass
-    def run_started(self, resumed_after, setup): pass
-    def step_started(self, step, num_tasks): pass
-    def task_done(self, task_id, rewards): pass
-    def step_finished(self, step, metrics): pass
-
-
-@dataclass
-class FailureStatistics:
-    """C_t: label counts and the rewards of the trajectories they occurred in, for this epoch and in total."""
-
-    window_counts: Counter = field(default_factory=Counter)
-    window_reward_sums: defaultdict = field(default_factory=lambda: defaultdict(float))
-    total_counts: Counter = field(default_factory=Counter)
-
-    def add(self, labels: list[str], reward: float) -> None:
-        for label in labels:
-            self.window_counts[label] += 1
-            self.window_reward_sums[label] += reward
-            self.total_counts[label] += 1
-
-    def window_mean_reward(self) -> dict[str, float]:
-        return {label: self.window_reward_sums[label] / n for label, n in self.window_counts.items()}
-
-    def reset_window(self) -> None:
-        self.window_counts.clear()
-        self.window_reward_sums.clear()
-
-    def to_dict(self) -> dict:
-        return {"window_counts": dict(self.window_counts), "window_reward_sums": dict(self.window_reward_sums),
-                "total_counts": dict(self.total_counts)}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> FailureStatistics:
-        return cls(Counter(data["window_counts"]), defaultdict(float, data["window_reward_sums"]),
-                   Counter(data["total_counts"]))
+from seal_lite.step.verifier import diagnose_episode
 
 
 class SealStep:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from seal_lite.core.explainer import (
@@ -29,50 +28,11 @@ from seal_lite.core.explainer import (
 from seal_lite.core.interface import render_tools
 from seal_lite.core.labels import EXCLUDED_LABELS, SUCCESS_LABELS
 from seal_lite.core.recipe import DiagnoserConfig
+from seal_lite.core.types import EpisodeDiagnosis, Explanation, StepReport, TurnRecord
 from seal_lite.engines.llamacpp import BackendError, InProcessModel, LocalServer, ServerModel
-from seal_lite.envs.bfcl import Task, TurnRecord
-from seal_lite.step.verifier import EpisodeDiagnosis
+from seal_lite.envs.bfcl import Task
 
 log = logging.getLogger("seal_lite.diagnoser")
-
-
-@dataclass
-class Explanation:
-    """The diagnoser's record for one failure, as stored in the ``diagnoses`` table."""
-
-    key: str
-    model: str
-    status: str  # ok | invalid | failed (no answer: timeout, server gone)
-    label: str | None = None
-    cause: str | None = None
-    culprit_call_index: int | None = None
-    explanation: str | None = None
-    recovery_hint: str | None = None
-    redactions: int = 0
-    seconds: float = 0.0
-    error: str | None = None
-
-    def row(self) -> dict:
-        return dict(vars(self))
-
-
-@dataclass
-class StepReport:
-    turns: int = 0  # failed turns handed in
-    unique: int = 0  # distinct failures among them
-    cached: int = 0  # answered from the store
-    asked: int = 0  # requests sent to the model
-    invalid: int = 0
-    failed: int = 0
-    redactions: int = 0
-    restarts: int = 0
-    skipped: int = 0  # over max_per_step, or after the backend gave up for this step
-    seconds: float = 0.0
-    new: list[Explanation] = field(default_factory=list)  # to write to the store
-
-    def metrics(self) -> dict[str, float]:
-        names = ("turns", "unique", "cached", "asked", "invalid", "failed", "redactions", "restarts", "skipped", "seconds")
-        return {f"diagnoser/{name}": float(getattr(self, name)) for name in names}
 
 
 class Diagnoser:

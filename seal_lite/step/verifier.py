@@ -19,42 +19,11 @@ import json
 import multiprocessing
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 
 from seal_lite.core.errors import ConfigError
-from seal_lite.core.labels import TurnEvidence, label_turn
-from seal_lite.envs.bfcl import (
-    Task,
-    TurnRecord,
-    load_tasks,
-    official_irrelevance,
-    official_verdict,
-    replay_calls,
-    turn_evidence,
-)
-
-
-@dataclass
-class TurnDiagnosis:
-    label: str
-    cause: str | None
-    evidence: TurnEvidence
-
-
-@dataclass
-class EpisodeDiagnosis:
-    valid: bool  # the official verdict: the reward
-    error_type: str | None  # the official checker's reason when not valid
-    irrelevance_valid: bool  # no call where the ground truth abstains (reported, never part of the verdict)
-    turns: list[TurnDiagnosis]
-
-    @property
-    def labels(self) -> list[str]:
-        return [turn.label for turn in self.turns]
-
-    @property
-    def causes(self) -> list[str | None]:
-        return [turn.cause for turn in self.turns]
+from seal_lite.core.labels import label_turn
+from seal_lite.core.types import EpisodeDiagnosis, TurnDiagnosis, TurnRecord
+from seal_lite.envs.bfcl import Task, load_tasks, official_irrelevance, official_verdict, replay_calls, turn_evidence
 
 
 def diagnose_episode(task: Task, records: list[TurnRecord]) -> EpisodeDiagnosis:

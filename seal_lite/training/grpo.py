@@ -52,7 +52,7 @@ from seal_lite.engines.policy import Policy, keep_trainable_fp32
 from seal_lite.training.shared_prefix import score_completions, supports
 
 if TYPE_CHECKING:
-    from seal_lite.step.algorithm import RolloutBatch
+    from seal_lite.core.types import RolloutBatch
 
 StepFunction = Callable[[list[str]], "RolloutBatch"]
 CHECKPOINT_PREFIX = "checkpoint-"  # transformers' name: checkpoint-<optimizer step>
