@@ -49,11 +49,11 @@ def _load(recipe_path, overrides, check: bool = False, out: str | None = None, p
     """The recipe, or exit 2 with one line per problem. ``check``: also against this machine (models installed,
     paths and task ids existing, backends usable); ``out``: the --out directory, checked with it; ``processes``:
     how many processes will run it."""
-    from seal_lite.run.preflight import out_dir_problem
+    from seal_lite.run.preflight import load_checked_recipe, out_dir_problem
 
     problems = []
     try:
-        config = load_recipe(recipe_path, _parse_overrides(overrides), check=check)
+        config = (load_checked_recipe if check else load_recipe)(recipe_path, _parse_overrides(overrides))
     except RecipeError as error:
         config, problems = None, str(error).splitlines()
     if config is not None:

@@ -3,8 +3,8 @@
 The field defaults *are* the CPU quickstart (``recipes/quickstart.yaml`` restates them), so ``seal-lite run``
 with no recipe runs it. Every field carries its help once, in ``description``. Loading a file turns every
 validation problem into one ``RecipeError`` line naming the field, the reason and a fix, all problems at once.
-With ``check=True`` (``seal-lite run`` and ``seal-lite recipe``) the recipe is also checked against this machine
-(seal_lite/run/preflight.py): the models, task ids and backends it names must exist here.
+This module is the schema only: whether the models, task ids and backends a recipe names exist on this machine
+is checked afterwards by seal_lite/run/preflight.py (``seal-lite run`` and ``seal-lite recipe`` do both).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlparse
 
 import yaml
 from pydantic import (
@@ -19,26 +20,23 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from seal_lite.core.advantages import WEIGHT_MAX, WEIGHT_MIN
 from seal_lite.core.errors import ConfigError
 from seal_lite.core.labels import BASE_UTILITY
-from seal_lite.run import preflight
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def _checking(info: ValidationInfo) -> bool:
-    """Whether this validation also checks the recipe against the machine (``load_recipe(..., check=True)``)."""
-    return bool(info.context and info.context.get("check"))
+Problem = tuple[str, object, str]  # (dotted field, value, what is wrong and the fix)
 
 
-def _refuse(problems: list[preflight.Problem]) -> None:
+def _refuse(problems: list[Problem]) -> None:
     if problems:
         raise _FieldErrors([_FieldError(*problem) for problem in problems])
 
@@ -74,12 +72,6 @@ class PolicyConfig(_Section):
         "else the CPU.",
     )
 
-    @model_validator(mode="after")
-    def _here(self, info: ValidationInfo) -> PolicyConfig:
-        if _checking(info):
-            _refuse(preflight.policy_problems(self))
-        return self
-
 
 class DataConfig(_Section):
     split: Literal["train", "eval"] = Field("train", description="Which SEAL split (data/*_ids.txt) to draw tasks from.")
@@ -107,15 +99,13 @@ class DataConfig(_Section):
     )
 
     @model_validator(mode="after")
-    def _here(self, info: ValidationInfo) -> DataConfig:
+    def _consistent(self) -> DataConfig:
         if self.task_ids == []:
             _refuse([("data.task_ids", [], "an empty list selects no task; name BFCL ids such as multi_turn_base_0, "
                       "or remove the field to draw from data.split")])
         if self.rescreen_every and not self.screen:
             _refuse([("data.rescreen_every", self.rescreen_every, "a re-screen plays data.screen samples of each task; "
                       "set data.screen too (e.g. 4), or remove data.rescreen_every")])
-        if _checking(info):
-            _refuse(preflight.data_problems(self))
         return self
 
 
@@ -226,15 +216,13 @@ class DiagnoserConfig(_Section):
         return "off" if value is False else value  # YAML reads a bare `off` as false
 
     @model_validator(mode="after")
-    def _here(self, info: ValidationInfo) -> DiagnoserConfig:
+    def _consistent(self) -> DiagnoserConfig:
         problems = []
-        if self.mode == "url" and self.url and (problem := preflight.url_problem(self.url)):
+        if self.mode == "url" and self.url and (problem := url_problem(self.url)):
             problems.append(("diagnoser.url", self.url, problem))
         if self.max_tokens >= self.n_ctx:
             problems.append(("diagnoser.max_tokens", self.max_tokens, f"the answer must fit the context "
                              f"(diagnoser.n_ctx = {self.n_ctx}) beside the prompt; use 256"))
-        if _checking(info):
-            problems += preflight.diagnoser_problems(self)
         _refuse(problems)
         return self
 
@@ -299,8 +287,9 @@ class GRPOConfig(_Section):
         for label, utility in value.items():
             if label not in known:
                 raise ValueError(f"unknown failure label {label!r}; use one of {', '.join(known)}")
-            if not 0.5 <= utility <= 2.0:
-                raise ValueError(f"rho({label}) = {utility} is outside [0.5, 2.0], the range of the weights")
+            if not WEIGHT_MIN <= utility <= WEIGHT_MAX:
+                raise ValueError(f"rho({label}) = {utility} is outside [{WEIGHT_MIN}, {WEIGHT_MAX}], the range of the "
+                                 "weights")
         return value
 
 
@@ -324,7 +313,7 @@ class Recipe(_Section):
         return value
 
     @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> Recipe:
+    def _check(self) -> Recipe:
         problems = []
         if self.rollout.num_generations < 2:
             problems.append(("rollout.num_generations", self.rollout.num_generations,
@@ -358,8 +347,6 @@ class Recipe(_Section):
         if self.diagnoser.mode == "url" and not self.diagnoser.url:
             problems.append(("diagnoser.url", None, "diagnoser.mode url needs the server's base URL; set "
                              "diagnoser.url (e.g. http://127.0.0.1:8000) or use mode server to let seal-lite start one"))
-        if _checking(info):
-            problems += preflight.recipe_problems(self)
         _refuse(problems)
         return self
 
@@ -391,7 +378,7 @@ class Recipe(_Section):
                     "(the same 4-bit QLoRA through bitsandbytes and peft)"]
         if self.grpo.loss_type == "bnpo":
             return [f"grpo.loss_type = 'bnpo': its token mean is taken in each process's micro-batch, so {processes} "
-                    "processes would change the loss; use loss_type dapo (the default)"]
+                    "processes would change the loss; use loss_type grpo (the default) or dapo"]
         if mini % processes:
             return [f"grpo.mini_batches = {self.grpo.mini_batches}: each mini-batch ({mini} trajectories) is shared "
                     f"by the {processes} processes, so it must be a multiple of {processes}; lower grpo.mini_batches"]
@@ -415,7 +402,12 @@ class Recipe(_Section):
 
 
 class RecipeError(ConfigError):
-    """A recipe that cannot be used; the message names the field, the reason and a fix."""
+    """A recipe that cannot be used; the message names the field, the reason and a fix. ``data``: the recipe as
+    read (file and overrides merged), when it was read, so a caller can still check its valid sections."""
+
+    def __init__(self, message: str, data: dict | None = None):
+        super().__init__(message)
+        self.data = data
 
 
 class _FieldError(ValueError):
@@ -432,11 +424,9 @@ class _FieldErrors(ValueError):
         self.errors = errors
 
 
-def load_recipe(path: str | Path | None = None, overrides: dict | None = None, check: bool = False) -> Recipe:
-    """Defaults < recipe file < ``overrides`` (dotted keys, e.g. ``{"grpo.steps": 1}``).
-
-    ``check``: also check what the recipe names against this machine (seal_lite/run/preflight.py): installed models,
-    existing paths and task ids, usable backends. Nothing is loaded or written either way."""
+def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -> Recipe:
+    """Defaults < recipe file < ``overrides`` (dotted keys, e.g. ``{"grpo.steps": 1}``). Nothing is loaded or
+    written; ``seal_lite.run.preflight.check`` then checks what the recipe names against this machine."""
     source = str(path) if path else "default recipe"
     data: dict = {}
     if path is not None:
@@ -455,9 +445,9 @@ def load_recipe(path: str | Path | None = None, overrides: dict | None = None, c
             node = node.setdefault(key, {})
         node[leaf] = value
     try:
-        return Recipe.model_validate(data, context={"check": check})
+        return Recipe.model_validate(data)
     except ValidationError as error:
-        raise RecipeError(_explain(source, error)) from None
+        raise RecipeError(_explain(source, error), data) from None
 
 
 def _explain(source: str, error: ValidationError) -> str:
@@ -465,13 +455,25 @@ def _explain(source: str, error: ValidationError) -> str:
     for item in error.errors():
         context = item.get("ctx", {}).get("error")
         if isinstance(context, (_FieldError, _FieldErrors)):
-            for problem in context.errors if isinstance(context, _FieldErrors) else [context]:
-                lines.append(f"{source}: {problem.field} = {problem.value!r}: {problem.message}")
+            errors = context.errors if isinstance(context, _FieldErrors) else [context]
+            lines.append(problem_lines(source, [(error.field, error.value, error.message) for error in errors]))
             continue
         field = ".".join(str(part) for part in item["loc"]) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
         lines.append(f"{source}: {field}: {message}{_fix_for(item)}")
     return "\n".join(lines)
+
+
+def problem_lines(source: str, problems: list[Problem]) -> str:
+    """One line per problem, as every recipe error reads: ``<source>: <field> = <value>: <what to do>``."""
+    return "\n".join(f"{source}: {field} = {value!r}: {message}" for field, value, message in problems)
+
+
+def url_problem(url: str) -> str | None:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        return "not an http(s) URL; write the server's base URL, e.g. http://127.0.0.1:8000"
+    return None
 
 
 def _fix_for(item: dict) -> str:

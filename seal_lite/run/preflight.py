@@ -1,13 +1,11 @@
 """What a recipe names, checked against this machine before a run writes anything.
 
-``load_recipe(..., check=True)`` (``seal-lite run`` and ``seal-lite recipe``) runs these after the recipe's own
-validation: the models it names are installed or on disk (and look like what they claim to be), its BFCL task
+``check(recipe, source)`` (``seal-lite run``, ``seal-lite screen`` and ``seal-lite recipe``) runs these after the
+recipe's own validation (seal_lite/core/recipe.py, the schema): the models it names are installed or on disk (and look like what they claim to be), its BFCL task
 ids exist, the backends it asks for can run here. Every check is cheap: file metadata, pip metadata, the first
 bytes of a file and the BFCL id lists; no model is loaded and nothing is downloaded. Each problem is a
 ``(field, value, message)`` whose message says what to do instead.
 
-The checks take the recipe's sections (``recipe.PolicyConfig`` and so on) but do not import ``recipe``, which
-calls them from its validators: the recipe depends on these checks, not the other way round.
 """
 
 from __future__ import annotations
@@ -16,9 +14,19 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-from urllib.parse import urlparse
 
-Problem = tuple[str, object, str]  # (dotted field, value, what is wrong and the fix)
+from pydantic import ValidationError
+
+from seal_lite.core.recipe import (
+    DataConfig,
+    DiagnoserConfig,
+    PolicyConfig,
+    Problem,
+    Recipe,
+    RecipeError,
+    load_recipe,
+    problem_lines,
+)
 
 # a hub id as huggingface_hub accepts it: org/name, letters, digits, '-', '_', '.', no '--' or '..'
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
@@ -131,6 +139,42 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def load_checked_recipe(path: str | Path | None = None, overrides: dict | None = None) -> Recipe:
+    """``load_recipe``, then ``check``: every problem of both kinds in one ``RecipeError``, one line each. A recipe
+    that fails its schema still has its valid sections checked here, so one attempt shows everything to fix."""
+    source = str(path) if path else "default recipe"
+    try:
+        recipe = load_recipe(path, overrides)
+    except RecipeError as error:
+        machine = problem_lines(source, _section_problems(error.data or {}))
+        raise RecipeError("\n".join(filter(None, [str(error), machine]))) from None
+    check(recipe, source)
+    return recipe
+
+
+def check(recipe: Recipe, source: str = "default recipe") -> None:
+    """Raise a ``RecipeError`` listing every problem of ``recipe`` on this machine, one line each with its fix."""
+    # a section's own problems first: what spans sections (the tasks a step draws, who rolls out) follows from them
+    problems = _section_problems(recipe.model_dump()) or recipe_problems(recipe)
+    if problems:
+        raise RecipeError(problem_lines(source, problems))
+
+
+def _section_problems(data: dict) -> list[Problem]:
+    """The machine problems of each section of ``data`` that is valid on its own (an invalid one is already
+    reported by the schema)."""
+    checks = ((PolicyConfig, "policy", policy_problems), (DataConfig, "data", data_problems),
+              (DiagnoserConfig, "diagnoser", diagnoser_problems))
+    problems = []
+    for schema, name, problems_of in checks:
+        try:
+            section = schema.model_validate(data.get(name) or {})
+        except ValidationError:
+            continue
+        problems += problems_of(section)
+    return problems
+
+
 def policy_problems(policy) -> list[Problem]:
     problems = []
     if (problem := model_problem(policy.model)) is not None:
@@ -186,13 +230,6 @@ def diagnoser_problems(diagnoser) -> list[Problem]:
         problems.append(("diagnoser.mode", "server", "llama-cpp-python's server extra is not installed; "
                          "pip install 'llama-cpp-python[server]', or use mode in_process"))
     return problems
-
-
-def url_problem(url: str) -> str | None:
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        return "not an http(s) URL; write the server's base URL, e.g. http://127.0.0.1:8000"
-    return None
 
 
 def recipe_problems(recipe) -> list[Problem]:
