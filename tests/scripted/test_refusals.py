@@ -42,7 +42,7 @@ CORPUS = [
     ("unsloth-not-here", {"policy": {"backend": "unsloth"}}, ["policy.backend"]),
     ("peft-4bit-without-bitsandbytes", {"policy": {"backend": "peft-4bit"}}, ["policy.backend"]),
     ("task-id-missing", {"data": {"task_ids": ["multi_turn_base_0", "multi_turn_base_9999"]}}, ["data.task_ids"]),
-    ("task-id-malformed", {"data": {"task_ids": ["simple_1"]}}, ["data.task_ids"]),
+    ("task-id-malformed", {"data": {"task_ids": ["simple_1"]}}, ["grpo.tasks_per_step", "data.task_ids"]),
     ("task-ids-empty", {"data": {"task_ids": []}}, ["data.task_ids"]),
     ("category-unknown", {"data": {"categories": ["base", "simple"]}}, ["data.categories.1"]),
     ("num-tasks-beyond-the-split", {"data": {"categories": ["base"], "num_tasks": 150}}, ["data.num_tasks"]),
