@@ -1,7 +1,7 @@
 """Throughput of seal-lite's environment side against the bare official checker, on the same trajectories.
 
 The trajectories are the ground truth of every BFCL multi-turn entry (or the first --limit) and the mutation
-corpus built from it (seal_lite/envs/mutations.py). seal-lite's path is what a rollout costs after generation:
+corpus built from it (tests/support/mutations.py). seal-lite's path is what a rollout costs after generation:
 every call string parsed, dispatched in a live environment, scored with the official verdict, checked for
 irrelevance and labelled turn by turn. The baseline is bfcl-eval's multi_turn_checker alone on the same call
 strings; it stops at a trajectory's first failing turn, where the diagnosis goes on through every turn. Prints
@@ -15,12 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the mutation corpus is test scaffolding: tests/support
+
 from seal_lite.envs.bfcl import load_tasks, official_verdict, replay_calls
-from seal_lite.envs.mutations import corpus
 from seal_lite.step.verifier import diagnose_episode, verify_lines
+from tests.support.mutations import corpus
 
 DATA = Path(__file__).parent.parent / "data"
 

@@ -7,7 +7,7 @@ and compare the final store with an uninterrupted run's.
 Every process is a real ``seal-lite run`` (its CLI, store, trainer and checkpoints) on a fast recipe: a tiny random
 2-layer Llama with SmolLM2's tokenizer from a local directory, three real BFCL tasks, one turn, 12 new tokens,
 and the real in-process diagnoser (SmolLM2-135M from its pip GGUF, one failure per step). A random model never
-passes a task, so every update would be a no-op; as in tests/test_resume.py each sampled message is replaced by
+passes a task, so every update would be a no-op; as in tests/real/test_resume.py each sampled message is replaced by
 the task's ground truth with probability 1/2, drawn from torch's RNG after the model generated, so groups mix
 rewards 1 and 0, the LoRA and the optimizer really change, and an exact replay needs the restored RNG, weights
 and optimizer. ``grpo.keep_checkpoints`` is 1, the most fragile setting (one checkpoint on disk at a time).
@@ -54,6 +54,7 @@ from pathlib import Path
 
 import yaml
 
+ROOT = Path(__file__).resolve().parent.parent  # the harness imports tests.support from the repository
 PHASES = ["rollout", "diagnosis", "commit", "update", "checkpoint"]
 STEPS = 3
 
@@ -97,7 +98,7 @@ HARNESS = textwrap.dedent("""
 
     from seal_lite.step import algorithm
     from seal_lite.engines.store import Store
-    from seal_lite.testing import script_generation, sometimes_right
+    from tests.support.scripted_run import script_generation, sometimes_right
     from seal_lite.training import grpo
 
     script_generation(sometimes_right)  # a random policy never passes: mix in the ground truth, so updates happen
@@ -160,7 +161,8 @@ def write_recipe(path: Path, model_dir: Path) -> None:
 
 def play(recipe: Path, out: Path, events: Path, kill: dict | None) -> subprocess.CompletedProcess:
     spec = json.dumps({"events": str(events), "kill": kill})
-    command = [sys.executable, "-c", HARNESS, spec, "run", str(recipe), "--out", str(out)]
+    command = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n" + HARNESS, spec, "run",
+               str(recipe), "--out", str(out)]
     return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},
                           timeout=3600, check=False)  # a hang guard
 

@@ -16,7 +16,6 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite.cli import main
 from seal_lite.core.recipe import DiagnoserConfig, Recipe
@@ -26,6 +25,7 @@ from seal_lite.envs.bfcl import load_tasks, replay_calls
 from seal_lite.step.algorithm import SealStep
 from seal_lite.step.diagnoser import Diagnoser, failed_turns
 from seal_lite.step.verifier import diagnose_episode
+from tests.helpers import ScriptedGenerator, tool_call_text
 
 SMOL = resolve_gguf("smollm2-135m", "model")
 HANG_GUARD_S = 1800  # not an expectation: only how long a test waits before it calls a process hung

@@ -27,11 +27,12 @@ from safetensors.torch import load_file
 
 from seal_lite.core.recipe import load_recipe
 from seal_lite.engines import distributed
+from tests.helpers import IMPORT_TESTS
 
 # python HARNESS SPEC run ARGS: ``seal-lite run ARGS`` with the scripted policy. SPEC (JSON) may name a rank and a
 # step at which that rank SIGKILLs itself in the middle of the step's rollouts, and a file where each process
 # notes the diagnosers it constructs. At the end each rank saves its LoRA weights as lora-rank<R>.safetensors.
-HARNESS = textwrap.dedent("""
+HARNESS = IMPORT_TESTS + textwrap.dedent("""
     import json, os, signal, sys
 
     spec = json.loads(sys.argv[1])
@@ -42,7 +43,7 @@ HARNESS = textwrap.dedent("""
 
     from seal_lite.step import algorithm
     from seal_lite.step import diagnoser
-    from seal_lite.testing import ground_truth_ids, script_generation
+    from tests.support.scripted_run import ground_truth_ids, script_generation
     from seal_lite.training import grpo
 
     rank, playing, trainers = distributed.rank(), {}, []
@@ -145,7 +146,6 @@ def _store(out, diagnoser: bool = False) -> dict[str, list]:
     return tables
 
 
-@pytest.mark.slow
 def test_two_processes_record_the_one_process_run_and_train_one_lora(setup, one_process):
     two = setup / "two-processes"
     result = _seal_lite(setup, two, 2)
@@ -174,7 +174,6 @@ def test_two_processes_record_the_one_process_run_and_train_one_lora(setup, one_
     assert sorted(adapter) and all(name.endswith(".weight") for name in adapter)
 
 
-@pytest.mark.slow
 def test_a_killed_rank_stops_the_run_and_the_same_command_resumes_it(setup, one_process):
     out = setup / "killed"
     # SmolLM2, not the default Qwen: this tests where the diagnoser runs, and the smaller model is cheaper

@@ -222,7 +222,6 @@ def tour_lines() -> list[str]:
             for line in body.splitlines() if line.startswith("seal-lite ")]
 
 
-@pytest.mark.slow
 def test_the_readme_tour_runs_as_printed_and_prints_what_the_store_holds(tmp_path):
     """Each tour command, word for word, on a small real run in runs/quickstart (SmolLM2 from its pip GGUF, real
     BFCL, a real TRL step, the default diagnoser Qwen2.5-Coder-0.5B explaining the failed turn); the run's summary

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ScriptedGenerator, tool_call_text
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -19,6 +18,7 @@ from seal_lite.envs.bfcl import load_tasks
 from seal_lite.run import doctor, selftest
 from seal_lite.step.rollout import TokenConversation
 from seal_lite.training import grpo
+from tests.helpers import ScriptedGenerator, tool_call_text
 
 
 def test_hardware_reports_cores_ram_torch_and_gpus():

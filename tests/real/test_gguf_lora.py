@@ -106,7 +106,6 @@ def _model_or_skip(name: str) -> tuple:
         pytest.skip(str(error))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name, targets, sigma", [
     ("smollm2-135m", "all-linear", 0.1),
     ("smollm2-135m", ["q_proj", "k_proj"], 0.3),  # only the rotary-permuted weights: catches a missing permute

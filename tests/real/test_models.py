@@ -1,3 +1,7 @@
+"""Model sources (seal_lite/engines/model_sources.py): the pip GGUF of SmolLM2 converted once into a trainable
+directory, local directories and hub ids passed through, unusable sources refused with the fix, and two workers
+filling an empty cache converting once."""
+
 import json
 from pathlib import Path
 

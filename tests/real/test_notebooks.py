@@ -58,7 +58,6 @@ def text_of(cell) -> str:
     return "".join(output.get("text", "") for output in cell.get("outputs", []))
 
 
-@pytest.mark.slow
 def test_the_teaching_notebook_runs_one_real_seal_step_end_to_end(tmp_path, monkeypatch):
     """Every cell runs on the CPU from the repository root; the numbers it shows are what the library and
     bfcl-eval's checker say. Minutes on 2 cores: SmolLM2 rolls out 4 trajectories and takes one LoRA update."""

@@ -3,8 +3,8 @@
 The runs are real ``seal-lite run`` processes (tiny random policy, real BFCL tasks, diagnoser off). The kills
 are real SIGKILLs, sent by the process to itself at chosen points so the test is deterministic. A random
 policy never passes a task, so each process replaces a sampled message by the task's ground truth with
-probability 1/2 (``seal_lite.testing.sometimes_right``): the LoRA weights and optimizer moments really change, and an
-exact replay after a resume needs the restored RNG, weights and optimizer.
+probability 1/2 (``tests.support.scripted_run.sometimes_right``): the LoRA weights and optimizer moments really
+change, and an exact replay after a resume needs the restored RNG, weights and optimizer.
 """
 
 import json
@@ -18,17 +18,19 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
+from tests.helpers import IMPORT_TESTS
+
 # Runs ``seal-lite run ARGS`` and SIGKILLs itself at POINT of step STEP:
 #   after_rollouts  the step's trajectories are in the store, its policy update has not happened yet
 #   before_commit   transformers has written the step's checkpoint, the store has not marked the step done
-KILLER = textwrap.dedent("""
+KILLER = IMPORT_TESTS + textwrap.dedent("""
     import os, signal, sys
     from seal_lite.engines.store import Store
 
     point, step = sys.argv[1], int(sys.argv[2])
     save_step, commit = Store.save_step, Store.commit_checkpoint
 
-    from seal_lite.testing import script_generation, sometimes_right
+    from tests.support.scripted_run import script_generation, sometimes_right
 
     script_generation(sometimes_right)
 

@@ -1,6 +1,6 @@
 """seal-lite's verdict and labels against bfcl-eval's official checker on >= 2,000 near-miss trajectories.
 
-For every mutant of the corpus (seal_lite/envs/mutations.py, built from the data of all 800 entries):
+For every mutant of the corpus (tests/support/mutations.py, built from the data of all 800 entries):
 * the reward seal-lite computes (calls parsed, run in the environment, handed to the checker) equals the
   official multi-turn checker run directly on the mutant's call strings;
 * the verdict read off the turn evidence alone equals it, and the first turn that fails carries the label
@@ -25,8 +25,9 @@ import pytest
 from seal_lite.core.calls import parse_calls
 from seal_lite.core.labels import OFFICIAL_ERROR_LABELS, passes_checker
 from seal_lite.envs.bfcl import load_tasks, official_verdict, replay_calls
-from seal_lite.envs.mutations import KINDS, corpus
 from seal_lite.step.verifier import diagnose_episode
+from tests.helpers import IMPORT_TESTS
+from tests.support.mutations import KINDS, corpus
 
 DATA = Path(__file__).parents[2] / "data"
 ALL_IDS = DATA.joinpath("train_ids.txt").read_text().split() + DATA.joinpath("eval_ids.txt").read_text().split()
@@ -62,9 +63,9 @@ def test_corpus_is_large_varied_and_deterministic(mutants):
     kinds = Counter(m.kind for m in mutants)
     assert set(kinds) == set(KINDS) and min(kinds.values()) >= 300
     digest = hashlib.sha256(json.dumps([(m.id, m.turns) for m in mutants]).encode()).hexdigest()
-    script = (
+    script = IMPORT_TESTS + (
         "import hashlib, json, sys\n"
-        "from seal_lite.envs.bfcl import load_tasks\nfrom seal_lite.envs.mutations import corpus\n"
+        "from seal_lite.envs.bfcl import load_tasks\nfrom tests.support.mutations import corpus\n"
         "ms = corpus(load_tasks(sys.argv[1:]))\n"
         "print(hashlib.sha256(json.dumps([(m.id, m.turns) for m in ms]).encode()).hexdigest())"
     )

@@ -1,11 +1,10 @@
 """Token bookkeeping of multi-turn rollouts: the loss mask covers exactly the policy's own tokens."""
 
-from conftest import ScriptedGenerator, tool_call_text
-
 from seal_lite.core.interface import TrainingInterface
 from seal_lite.core.recipe import Recipe
 from seal_lite.envs.bfcl import load_tasks, official_verdict
 from seal_lite.step.rollout import rollout_group, rollout_groups
+from tests.helpers import ScriptedGenerator, tool_call_text
 
 
 def gt_scripts(task, wrong_episode: bool):

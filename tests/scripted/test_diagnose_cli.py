@@ -3,7 +3,6 @@
 import json
 
 from click.testing import CliRunner
-from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite import console
 from seal_lite.cli import main
@@ -11,6 +10,7 @@ from seal_lite.core.recipe import Recipe
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.step.algorithm import SealStep
+from tests.helpers import ScriptedGenerator, tool_call_text
 
 
 def test_diagnose_lists_trajectories_and_shows_one_turn_by_turn(tmp_path, smol_tokenizer, monkeypatch):

@@ -1,11 +1,10 @@
 """Dynamic sampling (grpo.dynamic_sampling): groups without a learning signal are replaced, within a budget."""
 
-from conftest import HalfRightOnSome
-
 from seal_lite.core.recipe import Recipe
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.step.algorithm import SealStep
+from tests.helpers import HalfRightOnSome
 
 POOL = ["multi_turn_base_0", "multi_turn_base_2", "multi_turn_base_3", "multi_turn_base_5", "multi_turn_base_10"]
 

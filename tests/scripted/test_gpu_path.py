@@ -135,12 +135,11 @@ def test_the_unsloth_backend_loads_the_model_named_with_room_for_the_widest_row(
 
 
 def _one_task_step(tmp_path, policy, recipe):
-    from conftest import ScriptedGenerator
-
     from seal_lite.engines.store import Store
     from seal_lite.envs.bfcl import load_tasks
     from seal_lite.step.algorithm import SealStep
     from seal_lite.training import grpo
+    from tests.helpers import ScriptedGenerator
 
     task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
     step = SealStep(recipe, Store(tmp_path / "seal.db"), {task.id: task},

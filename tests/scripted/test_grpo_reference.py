@@ -30,7 +30,6 @@ import functools
 
 import pytest
 import torch
-from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite.core.recipe import load_recipe
 from seal_lite.engines.policy import load_policy
@@ -38,6 +37,7 @@ from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.step.algorithm import SealStep
 from seal_lite.training import grpo, shared_prefix
+from tests.helpers import ScriptedGenerator, tool_call_text
 
 TASK_ID = "multi_turn_base_0"
 G = 4

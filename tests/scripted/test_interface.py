@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import ScriptedGenerator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +29,7 @@ from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import Environment, load_tasks
 from seal_lite.step.algorithm import SealStep
 from seal_lite.step.rollout import rollout_group
+from tests.helpers import ScriptedGenerator
 
 DATA = Path(__file__).parents[2] / "data"
 TRAIN_IDS = DATA.joinpath("train_ids.txt").read_text().split()

@@ -19,13 +19,13 @@ import pytest
 from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
 from bfcl_eval.constants.eval_config import PROMPT_PATH
 from bfcl_eval.utils import populate_test_cases_with_predefined_functions
-from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite.core.interface import TrainingInterface, evaluation_interface, render_view
 from seal_lite.core.recipe import Recipe
 from seal_lite.envs.bfcl import CATEGORIES, load_tasks
 from seal_lite.run.evaluate_bfcl import evaluation_rollout
 from seal_lite.step.rollout import opening_messages, rollout_group, user_text
+from tests.helpers import ScriptedGenerator, tool_call_text
 
 QWEN_TEMPLATE = (Path(__file__).parents[1] / "data" / "qwen2.5_chat_template.jinja").read_text()
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."

@@ -121,12 +121,11 @@ def test_run_with_an_impossible_backend_fails_cleanly(tmp_path, tiny_model_dir):
 @pytest.mark.parametrize("checkpointing", [None, False, True])
 def test_gradient_checkpointing_is_what_the_recipe_says(tmp_path, tiny_model_dir, checkpointing):
     """trl's GRPOConfig turns checkpointing on by default; the recipe decides (None: on with a GPU only)."""
-    from conftest import ScriptedGenerator
-
     from seal_lite.engines.store import Store
     from seal_lite.envs.bfcl import load_tasks
     from seal_lite.step.algorithm import SealStep
     from seal_lite.training import grpo
+    from tests.helpers import ScriptedGenerator
 
     recipe = load_recipe(None, {"policy.gradient_checkpointing": checkpointing, "policy.dtype": "float32",
                                 "data.task_ids": ["multi_turn_base_0"], "grpo.tasks_per_step": 1, "grpo.steps": 1,

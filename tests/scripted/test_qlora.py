@@ -5,7 +5,6 @@ bitsandbytes is in the test install (pyproject's test extra), so these run every
 
 import pytest
 import torch
-from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite.core.recipe import load_recipe
 from seal_lite.engines import policy as policy_module
@@ -14,6 +13,7 @@ from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.step.algorithm import SealStep
 from seal_lite.training import grpo
+from tests.helpers import ScriptedGenerator, tool_call_text
 
 
 def _two_updates(tmp_path, model_dir, keep_fp32: bool):

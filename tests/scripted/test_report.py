@@ -7,7 +7,6 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite.core.recipe import load_recipe
 from seal_lite.engines.store import Store
@@ -15,6 +14,7 @@ from seal_lite.envs.bfcl import load_tasks
 from seal_lite.report import moving_average, signal_shares, write_report
 from seal_lite.run.evaluate_bfcl import evaluate, result_rows
 from seal_lite.run.train import run
+from tests.helpers import ScriptedGenerator, tool_call_text
 
 
 @pytest.fixture(scope="module")

@@ -2,13 +2,12 @@
 
 from pathlib import Path
 
-from conftest import ScriptedGenerator
-
 from seal_lite.core.interface import TrainingInterface
 from seal_lite.core.labels import SUCCESS_LABELS, label_turn
 from seal_lite.core.recipe import Recipe
 from seal_lite.envs.bfcl import load_tasks, official_verdict, turn_evidence
 from seal_lite.step.rollout import rollout_group
+from tests.helpers import ScriptedGenerator
 
 
 def hostile_messages(marker: Path) -> list[str]:

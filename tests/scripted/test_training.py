@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-from conftest import ScriptedGenerator, tool_call_text
 
 from seal_lite.core.interface import TrainingInterface
 from seal_lite.core.recipe import load_recipe
@@ -15,6 +14,7 @@ from seal_lite.envs.bfcl import load_tasks
 from seal_lite.step.algorithm import SealStep
 from seal_lite.step.rollout import rollout_group
 from seal_lite.training import grpo, shared_prefix
+from tests.helpers import ScriptedGenerator, tool_call_text
 
 
 def test_weighted_grpo_step_updates_lora_on_model_tokens_only(tmp_path, tiny_model_dir, monkeypatch):

@@ -1,3 +1,7 @@
+"""GRPO advantages and SEAL's re-weighting (seal_lite/core/advantages.py): group advantages against a loop
+reference, no signal from equal rewards, the diagnosis weight and the closed-loop utility update hand-computed,
+and weights that never flip an advantage's sign."""
+
 import math
 import random
 

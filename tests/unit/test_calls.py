@@ -1,3 +1,7 @@
+"""Parsing a model's message into tool calls (seal_lite/core/calls.py): Qwen-style <tool_call> blocks, BFCL
+python-call lists, plain text, malformed or cut-off calls as failed calls (never exceptions), hostile values
+round-tripping, and deep JSON refused before the decoder recurses."""
+
 import json
 
 from seal_lite.core.calls import MAX_CALL_TEXT_CHARS, ToolCall, parse_calls

@@ -1,17 +1,14 @@
-"""The command line as a user meets it: help, recipe errors, progress lines, the shipped recipes.
+"""The command line as a user meets it: help, recipe errors, progress lines and the run summary.
 
-The small real run checked against its store is the README tour's (tests/test_docs.py)."""
+The shipped recipes are tests/unit/test_recipes.py's; the small real run checked against its store is the README
+tour's (tests/real/test_docs.py)."""
 
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-import yaml
 from click.testing import CliRunner
 
 from seal_lite.cli import main
-from seal_lite.core.recipe import Recipe, load_recipe
+from seal_lite.core.recipe import load_recipe
 
 ROOT = Path(__file__).parents[2]
 
@@ -22,17 +19,6 @@ def test_help_for_group_and_commands():
     for command in ("run", "recipe", "verify", "diagnose"):
         result = runner.invoke(main, [command, "--help"])
         assert result.exit_code == 0 and "Examples:" in result.output
-
-
-def test_quickstart_file_equals_the_embedded_default():
-    assert load_recipe(ROOT / "recipes" / "quickstart.yaml") == Recipe()
-    written = yaml.safe_load((ROOT / "recipes" / "quickstart.yaml").read_text())
-    assert written == Recipe().model_dump()  # it restates every default, so users see every knob
-
-
-@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda path: path.stem)
-def test_every_shipped_recipe_validates(path):
-    assert load_recipe(path).name == path.stem
 
 
 def test_invalid_recipe_names_field_reason_and_fix(tmp_path):
@@ -108,180 +94,3 @@ def test_the_run_summary_draws_the_reward_curve():
     assert reward_curve([0.0]) == "▁"  # too few steps for quarters
     assert reward_curve([0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 0.75, 1.0]) == (
         "▁▃▅▆██▆█  first quarter 0.12, last quarter 0.88")
-
-
-def test_the_paper_recipe_says_what_the_paper_did():
-    """docs/method.md §2 and §8; what still differs is docs/deviations.md's (LoRA, its learning rate, 4-bit)."""
-    paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml")
-    rollout, grpo = paper.rollout, paper.grpo
-    assert (rollout.num_generations, rollout.temperature, rollout.max_model_calls, rollout.max_response_tokens,
-            rollout.max_context_tokens, rollout.max_calls_per_turn, rollout.max_turns) == (8, 1.0, 20, 4096, 16384,
-                                                                                          None, None)
-    assert (rollout.parser, paper.interface.tool_format) == ("strict", "official")
-    assert (grpo.steps, grpo.tasks_per_step, grpo.mini_batches, grpo.num_iterations) == (72, 32, 4, 1)
-    assert (grpo.loss_type, grpo.epsilon, grpo.dual_clip, grpo.beta, grpo.max_grad_norm, grpo.weight_decay) == \
-        ("grpo", 0.2, 10.0, 0.001, 1.0, 0.01)
-    assert (paper.data.num_tasks, paper.interface.schema_cues, paper.interface.recovery_feedback,
-            paper.interface.capability_hints, paper.diagnoser.mode) == (400, True, False, False, "off")
-    rows = (ROOT / "docs" / "deviations.md").read_text()
-    assert rollout.max_new_tokens == 1024  # per message: a departure, in deviations.md
-    for deviation in ("LoRA adapter", "2e-5", "4-bit NF4", "at most 1024 per message"):
-        assert deviation in rows
-
-
-def test_each_ablation_is_the_paper_recipe_minus_its_part():
-    from seal_lite.run.train import recipe_differences
-
-    paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml").model_dump()
-    ablated = {
-        "ablation-vanilla-grpo": ["grpo.closed_loop", "grpo.diagnosis_weighting", "interface.schema_cues"],
-        "ablation-no-interface": ["interface.schema_cues"],
-        "ablation-no-reweighting": ["grpo.diagnosis_weighting"],
-        "ablation-no-closed-loop": ["grpo.closed_loop"],
-    }
-    for name, parts in ablated.items():
-        recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml").model_dump()
-        assert sorted(recipe_differences(paper, recipe)) == sorted(["name", *parts]), name
-
-
-def _cpu_experiment():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("cpu_experiment", ROOT / "scripts" / "cpu_experiment.py")
-    experiment = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(experiment)
-    return experiment
-
-
-def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
-    """scripts/cpu_experiment.py's arms: SEAL is recipes/cpu-learn.yaml, vanilla GRPO is that recipe with
-    exactly the parts recipes/ablation-vanilla-grpo.yaml turns off (and φ_err, φ_cap, which the paper lacks)."""
-    from seal_lite.cli import _parse_overrides
-    from seal_lite.run.train import recipe_differences
-
-    experiment = _cpu_experiment()
-    common = _parse_overrides(tuple(experiment.COMMON))
-    seal = load_recipe(ROOT / experiment.RECIPE, {**common, **_parse_overrides(tuple(experiment.ARMS["SEAL"]))})
-    vanilla = load_recipe(ROOT / experiment.RECIPE,
-                          {**common, **_parse_overrides(tuple(experiment.ARMS["vanilla GRPO"]))})
-    assert sorted(recipe_differences(seal.model_dump(), vanilla.model_dump())) == [
-        "grpo.closed_loop", "grpo.diagnosis_weighting", "interface.capability_hints", "interface.recovery_feedback",
-        "interface.schema_cues"]
-    assert seal.interface.schema_cues and seal.grpo.diagnosis_weighting and seal.grpo.closed_loop
-
-
-def test_the_cpu_experiments_intervals_and_summary(tmp_path):
-    """The statistics docs/results.md reports: bootstrap intervals of a mean, quarters of a reward curve, paired
-    differences over the same tasks, and the summary and figure drawn from runs and evaluations."""
-    experiment = _cpu_experiment()
-    low, high = experiment.bootstrap_interval([0.0, 1.0] * 20)
-    assert low < 0.5 < high and high - low < 0.4
-    wide = experiment.bootstrap_interval([0.0, 1.0] * 3)
-    assert wide[1] - wide[0] > high - low  # fewer values, a wider interval
-    assert experiment.quarters([0.0, 0.0, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0]) == (0.0, 1.0)
-    assert experiment.quarters([0.25]) == (0.25, 0.25)
-    with pytest.raises(ValueError, match="different tasks"):
-        experiment.per_task_means([{"a": 1.0}, {"b": 1.0}])
-
-    tasks = [f"multi_turn_base_{i}" for i in range(30)]
-    base = {task: {"accuracy": 0.0, "turn_pass_rate": 0.0} for task in tasks}
-    better = {task: {"accuracy": float(i % 3 == 0), "turn_pass_rate": float(i % 3 == 0)} for i, task in enumerate(tasks)}
-    same = experiment.paired_difference({t: 0.0 for t in tasks}, {t: 0.0 for t in tasks})
-    assert same["mean"] == 0 and not experiment.distinguishable(same)
-    assert experiment.sign_test([1.0] * 4 + [0.0] * 12) == 0.125  # 4 of 16 against 0 of 16: not told apart
-    assert experiment.sign_test([1.0] * 6 + [-0.5]) == pytest.approx(16 / 128)
-    assert experiment.sign_test([1.0] * 6) < 0.05 and experiment.sign_test([]) == 1.0
-    assert experiment.fisher_exact(3, 4, 1, 4) == pytest.approx(34 / 70)  # Fisher's tea tasting, two-sided
-    assert experiment.fisher_exact(36, 40, 14, 40) == pytest.approx(5.06e-7, rel=1e-2)
-    assert experiment.fisher_exact(5, 10, 5, 10) == 1.0 and experiment.fisher_exact(0, 8, 0, 8) == 1.0
-    assert experiment.quarter_counts([0.5, 0.25, 0.75, 1.0], [8, 8, 4, 4]) == {"first": [4, 8], "last": [4, 4]}
-    few = experiment.paired_difference({t: float(t in tasks[:4]) for t in tasks[:16]}, {t: 0.0 for t in tasks[:16]})
-    assert few["low"] > 0 and few["sign_p"] == 0.125 and not experiment.distinguishable(few)
-    runs = {arm: {seed: {"rewards": [0.125 * seed, 0.25, 0.375, gain + 0.125 * seed], "trajectories": [8] * 4,
-                         "updated": 3, "signal_share": 0.5}
-                  for seed in range(3)} for arm, gain in (("vanilla GRPO", 0.375), ("SEAL", 0.625))}
-    scores = {"official": {"base": [base], "vanilla GRPO": [base, base, base], "SEAL": [better, better, base]}}
-    base = {"by_task": {"multi_turn_base_0": 1.0, "multi_turn_base_1": 0.25, "multi_turn_base_2": 0.0,
-                        "multi_turn_base_3": 0.25}, "samples": 8, "seed": 100}
-    summary = experiment.summarize(tasks[:4], runs, scores, base)
-    on_training = summary["base_on_training_tasks"]
-    assert on_training["mean"] == 0.375 and on_training["low"] < 0.375 < on_training["high"] <= 1.0
-    assert summary["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.625)
-    seal_seed2 = summary["training"]["SEAL"]["seeds"][2]
-    assert seal_seed2["passed"] == {"first": [2, 8], "last": [7, 8]} and seal_seed2["rise_p"] < 0.05
-    assert seal_seed2["against_base_p"]["first"] == experiment.fisher_exact(2, 8, 12, 32)
-    versus = summary["seal_against_vanilla"]  # last quarters pooled over seeds 0-2: 5+6+7 against 3+4+5 of 24
-    assert versus["seeds"] == [0, 1, 2] and versus["passed"]["SEAL"]["last"] == [18, 24]
-    assert versus["passed"]["vanilla GRPO"]["last"] == [12, 24] and versus["passed"]["SEAL"]["first"] == [3, 24]
-    assert versus["p"]["last"] == experiment.fisher_exact(18, 24, 12, 24)
-    arms = summary["held_out"]["official"]["arms"]
-    assert arms["SEAL"]["accuracy"]["mean"] == pytest.approx(10 / 30 * 2 / 3) and arms["base"]["accuracy"]["mean"] == 0
-    difference = summary["held_out"]["official"]["differences"]["SEAL - vanilla GRPO"]["accuracy"]
-    assert difference["tasks"] == 30 and experiment.distinguishable(difference)
-    assert not experiment.distinguishable(summary["held_out"]["official"]["differences"]["vanilla GRPO - base"]["accuracy"])
-    experiment.draw(summary, tmp_path / "figure.png")
-    assert (tmp_path / "figure.png").stat().st_size > 10_000
-    training_only = experiment.summarize(tasks[:4], runs, {})  # --summary-only before any evaluation
-    assert training_only["held_out"] == {} and training_only["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.625)
-    experiment.draw(training_only, tmp_path / "training.png")
-    assert (tmp_path / "training.png").stat().st_size > 10_000
-
-
-def test_the_cpu_experiment_tabulates_its_committed_records(tmp_path):
-    """The experiment's summary comes from the small records committed under --records, not from the stores (which
-    a new machine lacks): --summary-only with two runs' records and the base model's gives their table, and the
-    frontier is the recipe's named tasks, without a screen."""
-    experiment = _cpu_experiment()
-    assert experiment.frontier_ids(experiment.RECIPE, tmp_path, experiment.COMMON) == load_recipe(
-        ROOT / experiment.RECIPE).data.task_ids
-    assert not (tmp_path / "screen").exists()
-    held_out = experiment.held_out_ids(2)
-    records = experiment.Records(tmp_path / "records")
-    for name, arm, solved in (("vanilla-seed0", "vanilla GRPO", 0.0), ("seal-seed0", "SEAL", 1.0)):
-        records.put(name, {"arm": arm, "seed": 0, "training": {"rewards": [0.25, 0.5, 0.75, solved],
-                                                               "trajectories": [4] * 4, "updated": 4, "minutes": 9.0,
-                                                               "signal_share": 0.5},
-                           "held_out": {"official": {task: {"accuracy": solved, "turn_pass_rate": solved}
-                                                     for task in held_out}}})
-    records.put("base", {"resample": {"by_task": {"multi_turn_base_19": 0.5}, "samples": 8, "seed": 100},
-                         "held_out": {"official": {task: {"accuracy": 0.0, "turn_pass_rate": 0.5}
-                                                   for task in held_out}}})
-    done = subprocess.run([sys.executable, "scripts/cpu_experiment.py", "--seeds", "0", "--eval-tasks", "2",
-                           "--summary-only", "--records", str(tmp_path / "records"), "--out", str(tmp_path / "out")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    summary = records.get("summary")
-    assert summary["training"]["SEAL"]["seeds"]["0"]["last_quarter"] == 1.0
-    assert summary["training"]["vanilla GRPO"]["seeds"]["0"]["last_quarter"] == 0.0
-    arms = summary["held_out"]["official"]["arms"]
-    assert list(arms) == ["base", "vanilla GRPO", "SEAL"] and arms["SEAL"]["accuracy"]["mean"] == 1.0
-    assert arms["base"]["turn_pass_rate"]["mean"] == 0.5
-    assert summary["base_on_training_tasks"]["mean"] == 0.5
-    assert "| SEAL | 0 | 0.25 0.50 0.75 1.00 | 0.25 | 1.00 | 1 -> 4 of 4 (0.1) |" in done.stdout
-    assert "SEAL against vanilla GRPO, seeds 0 pooled: first quarter 1 against 1 of 4" in done.stdout
-    assert (tmp_path / "out" / "cpu-experiment.png").stat().st_size > 10_000
-
-
-def test_the_step_size_sweep_reads_a_runs_store(tmp_path, monkeypatch):
-    """scripts/cpu_sweep.py (issue 17's lr and rank sweep) shares the experiment's screen and statistics, and reads
-    the reward quarters and the watched metrics of a run's first --steps steps from its store (so the experiment's
-    longer SEAL run can stand for the recipe's own step size); a metric never logged shows as missing."""
-    import importlib.util
-
-    from seal_lite.engines.store import Store
-
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("cpu_sweep", ROOT / "scripts" / "cpu_sweep.py")
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
-    store = Store(tmp_path / "seal.db")
-    for step, reward in enumerate([0.0, 0.25, 0.5, 0.75], start=1):
-        store.db["steps"].insert({"step": step, "reward_mean": reward}, alter=True)
-        store.db["metrics"].insert_all([{"step": step, "name": "grpo/update_skipped", "value": float(step == 1)},
-                                        {"step": step, "name": "grpo/entropy", "value": 0.5 + step}], alter=True)
-    figures = sweep.run_figures(tmp_path, steps=4)
-    assert (figures["first"], figures["last"], figures["steps"], figures["updated"]) == (0.0, 0.75, 4, 3)
-    assert figures["grpo/entropy"] == 3.0 and figures["grpo/kl"] is None
-    first_two = sweep.run_figures(tmp_path, steps=2)
-    assert (first_two["first"], first_two["last"], first_two["steps"], first_two["updated"]) == (0.0, 0.25, 2, 1)
-    assert first_two["grpo/entropy"] == 2.0

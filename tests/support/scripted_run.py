@@ -1,9 +1,13 @@
 """Scripted policies for tests and benchmarks that run a real ``seal-lite run`` process with a tiny random model.
 
 A random policy never passes a BFCL task, so every GRPO advantage would be 0 and the update a no-op. The harnesses
-of tests/test_resume.py, tests/test_distributed.py and benchmarks/kill_resume.py therefore route each message the
-transformers engine generates through a script that may answer with the task's ground truth instead: groups then
-mix rewards 1 and 0, and the LoRA weights and optimizer moments really change.
+of tests/real/test_resume.py, tests/real/test_distributed.py and benchmarks/kill_resume.py therefore route each
+message the transformers engine generates through a script that may answer with the task's ground truth instead:
+groups then mix rewards 1 and 0, and the LoRA weights and optimizer moments really change.
+
+The patch replaces module globals of seal_lite (``algorithm.rollout_groups``, ``screen.rollout_group``,
+``TransformersGenerator.generate``): a rename there breaks these harnesses, which is why this is test scaffolding
+and not part of the package. The harness process imports it after putting the repository root on ``sys.path``.
 """
 
 from __future__ import annotations

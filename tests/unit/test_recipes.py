@@ -1,0 +1,56 @@
+"""The shipped recipes (recipes/*.yaml): each validates, the quickstart file is the embedded default, the paper
+recipe says what the paper did, and each ablation is the paper recipe minus its part."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from seal_lite.core.recipe import Recipe, load_recipe
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_quickstart_file_equals_the_embedded_default():
+    assert load_recipe(ROOT / "recipes" / "quickstart.yaml") == Recipe()
+    written = yaml.safe_load((ROOT / "recipes" / "quickstart.yaml").read_text())
+    assert written == Recipe().model_dump()  # it restates every default, so users see every knob
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda path: path.stem)
+def test_every_shipped_recipe_validates(path):
+    assert load_recipe(path).name == path.stem
+
+
+def test_the_paper_recipe_says_what_the_paper_did():
+    """docs/method.md §2 and §8; what still differs is docs/deviations.md's (LoRA, its learning rate, 4-bit)."""
+    paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml")
+    rollout, grpo = paper.rollout, paper.grpo
+    assert (rollout.num_generations, rollout.temperature, rollout.max_model_calls, rollout.max_response_tokens,
+            rollout.max_context_tokens, rollout.max_calls_per_turn, rollout.max_turns) == (8, 1.0, 20, 4096, 16384,
+                                                                                          None, None)
+    assert (rollout.parser, paper.interface.tool_format) == ("strict", "official")
+    assert (grpo.steps, grpo.tasks_per_step, grpo.mini_batches, grpo.num_iterations) == (72, 32, 4, 1)
+    assert (grpo.loss_type, grpo.epsilon, grpo.dual_clip, grpo.beta, grpo.max_grad_norm, grpo.weight_decay) == \
+        ("grpo", 0.2, 10.0, 0.001, 1.0, 0.01)
+    assert (paper.data.num_tasks, paper.interface.schema_cues, paper.interface.recovery_feedback,
+            paper.interface.capability_hints, paper.diagnoser.mode) == (400, True, False, False, "off")
+    rows = (ROOT / "docs" / "deviations.md").read_text()
+    assert rollout.max_new_tokens == 1024  # per message: a departure, in deviations.md
+    for deviation in ("LoRA adapter", "2e-5", "4-bit NF4", "at most 1024 per message"):
+        assert deviation in rows
+
+
+def test_each_ablation_is_the_paper_recipe_minus_its_part():
+    from seal_lite.run.run_dir import recipe_differences
+
+    paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml").model_dump()
+    ablated = {
+        "ablation-vanilla-grpo": ["grpo.closed_loop", "grpo.diagnosis_weighting", "interface.schema_cues"],
+        "ablation-no-interface": ["interface.schema_cues"],
+        "ablation-no-reweighting": ["grpo.diagnosis_weighting"],
+        "ablation-no-closed-loop": ["grpo.closed_loop"],
+    }
+    for name, parts in ablated.items():
+        recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml").model_dump()
+        assert sorted(recipe_differences(paper, recipe)) == sorted(["name", *parts]), name
