@@ -134,6 +134,33 @@ def test_the_readme_is_a_front_page():
             f"{page.name}: a title, then a sentence on what the page holds"
 
 
+def readme_library_example() -> str:
+    """The Python block of the README's "Use as a library" section."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Use as a library", 1)[1].split("\n## ", 1)[0]
+    (code,) = [body for language, body in code_blocks(section) if language == "python"]
+    return code
+
+
+def test_the_readme_library_example_runs_as_printed_but_for_the_training_run(monkeypatch, capsys):
+    """Word for word through the public facade: prompt, verify and load_recipe run for real; the training run is
+    only bound to run's real signature (a training step is the tour's test's job)."""
+    import inspect
+
+    import seal_lite
+
+    signature, runs = inspect.signature(seal_lite.run), []
+    monkeypatch.setattr(seal_lite, "run", lambda *args, **kwargs: runs.append(signature.bind(*args, **kwargs)))
+    monkeypatch.chdir(ROOT)
+    exec(compile(readme_library_example(), "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "<tools>" in printed  # prompt: the official tool block
+    assert "False ['" in printed  # verify: the verdict, then one label per ground-truth turn
+    (bound,) = runs
+    recipe = next(iter(bound.arguments.values()))
+    assert recipe.grpo.steps == 1
+
+
 def test_the_manual_index_lists_every_page():
     index = (ROOT / "docs" / "README.md").read_text()
     for page in DOCS:
@@ -229,7 +256,7 @@ def test_the_readme_tour_runs_as_printed_and_prints_what_the_store_holds(tmp_pat
 
     The run itself is the quickstart with smaller budgets and the README's trajectory's task, so the printed
     `--trajectory` id exists; `seal-lite eval` then inherits those budgets from the run's recipe."""
-    from seal_lite.run.train import select_task_ids
+    from seal_lite.run.tasks import select_task_ids
 
     lines = tour_lines()
     (trajectory,) = {word for line in lines for word in re.findall(r"--trajectory (\S+)", line)}

@@ -1,0 +1,66 @@
+"""The tasks a run trains on: the recipe's slice of BFCL, and the frontier screen that narrows it.
+
+``select_task_ids`` draws the slice (explicit ids, or a seeded shuffle of the split); ``screen_slice`` plays every
+task of it with the base policy (``data.screen`` samples each) and ``frontier_task_ids`` keeps the tasks solved
+sometimes but not always (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from seal_lite.core.errors import RunError
+from seal_lite.core.recipe import Recipe
+from seal_lite.core.types import NoProgress, Progress
+from seal_lite.engines.rollout_engine import rollout_engine
+from seal_lite.engines.store import Store
+from seal_lite.envs.bfcl import Task, load_tasks, split_ids
+
+
+def select_task_ids(recipe: Recipe) -> list[str]:
+    """The run's task slice: explicit ids, or the first ``num_tasks`` of the split after a seeded shuffle."""
+    if recipe.data.task_ids:
+        return list(recipe.data.task_ids)
+    ids = split_ids(recipe.data.split, recipe.data.categories)
+    random.Random(recipe.seed).shuffle(ids)
+    return ids[: recipe.data.num_tasks]
+
+
+def slice_tasks(recipe: Recipe, task_ids: list[str]) -> dict[str, Task]:
+    """The run's tasks by id, cut to ``rollout.max_turns``."""
+    return {task.id: task.truncated(recipe.rollout.max_turns) for task in load_tasks(task_ids)}
+
+
+
+
+
+class ScreenError(RunError):
+    """The frontier screen left fewer tasks than a step needs."""
+
+
+def screen_slice(recipe: Recipe, store: Store, tasks: dict[str, Task], policy, out_dir: Path,
+                 progress: Progress = NoProgress()) -> dict[str, float]:
+    """Pass rate per task of the run's slice under the base policy (``data.screen`` samples each); tasks already
+    in the store's screen table are not played again."""
+    from transformers import set_seed
+
+    from seal_lite.step.screen import screen_tasks
+
+    set_seed(recipe.seed)  # transformers samples with torch's RNG: the same recipe screens the same way
+    with rollout_engine(recipe, policy.model, policy.tokenizer, out_dir, policy.generation_mode) as (generator, _):
+        return screen_tasks(list(tasks.values()), generator, recipe, store, progress.task_screened)
+
+
+def frontier_task_ids(recipe: Recipe, pass_rates: dict[str, float]) -> list[str]:
+    """The screened tasks training draws from; a ScreenError, with the fix, if they cannot fill a step."""
+    from seal_lite.step.screen import frontier
+
+    kept = frontier(pass_rates)
+    if len(kept) < recipe.grpo.tasks_per_step:
+        solved = sum(rate == 1.0 for rate in pass_rates.values())
+        raise ScreenError(
+            f"the screen kept {len(kept)} of {len(pass_rates)} tasks ({solved} always solved, "
+            f"{len(pass_rates) - len(kept) - solved} never), fewer than grpo.tasks_per_step "
+            f"({recipe.grpo.tasks_per_step}); raise data.num_tasks or data.screen, or lower grpo.tasks_per_step")
+    return kept
