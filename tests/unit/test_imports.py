@@ -1,60 +1,32 @@
-"""The import graph of seal_lite has no circle: layers depend downwards only (docs/architecture.md).
+"""seal_lite's folders are its layers, and the layer rules are contracts (pyproject.toml [tool.importlinter]).
 
-Every import counts, including those inside functions (kept there only to make --help fast) and those under
-TYPE_CHECKING: a circle that only type checkers see is still a circle a reader must untangle.
+import-linter checks them on the real import graph: no import runs back up a layer, every module sits in a layer,
+and there is no circle at any depth. Every import counts, including those inside functions (kept there only to
+make --help fast) and those under TYPE_CHECKING: a circle that only type checkers see is still one a reader must
+untangle.
 """
 
-import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).parents[2] / "seal_lite"
+from importlinter.cli import lint_imports
+
+PYPROJECT = Path(__file__).parents[2] / "pyproject.toml"
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def lint_exit_code(config: Path) -> int:
+    """0 when every contract is kept, 1 when any is broken."""
+    return lint_imports(config_filename=str(config), no_cache=True, no_logo=True)
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
-    graph = {name: set() for name in modules}
-    for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                continue
-            graph[name] |= {target for target in targets if target in modules and target != name}
-    return graph
+def test_seal_lite_keeps_its_layer_contracts():
+    assert lint_exit_code(PYPROJECT) == 0
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, str] = {}  # visiting | done
-
-    def visit(node, path):
-        state[node] = "visiting"
-        for target in sorted(graph[node]):
-            if state.get(target) == "visiting":
-                return path[path.index(target):] + [target] if target in path else [node, target]
-            if target not in state and (cycle := visit(target, path + [target])):
-                return cycle
-        state[node] = "done"
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (cycle := visit(node, [node])):
-            return cycle
-    return None
-
-
-def test_find_cycle_finds_one():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
-
-
-def test_seal_lite_has_no_import_circle():
-    graph = import_graph()
-    assert "seal_lite.run.train" in graph["seal_lite.cli"]  # the graph is really read
-    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+def test_the_contracts_catch_an_import_that_runs_back_up(tmp_path):
+    # the same contracts with core above engines: every engine imports the core, so each such import runs back up
+    text = PYPROJECT.read_text()
+    swapped = text.replace('    "engines",\n    "core",\n', '    "core",\n    "engines",\n')
+    assert swapped != text
+    config = tmp_path / "pyproject.toml"
+    config.write_text(swapped)
+    assert lint_exit_code(config) == 1
