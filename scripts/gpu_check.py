@@ -211,7 +211,7 @@ class Checks:
         difference = torch.stack([(captured[n] - reference[n]).pow(2).sum() for n in reference]).sum().sqrt()
         norm = torch.stack([reference[n].pow(2).sum() for n in reference]).sum().sqrt()
         relative = float(difference / norm)
-        tolerance = 1e-3 if policy.dtype == torch.float32 else 0.3  # bf16/fp16: as tests/test_grpo_reference.py
+        tolerance = 1e-3 if policy.dtype == torch.float32 else 0.3  # bf16/fp16: as tests/scripted/test_grpo_reference.py
         return {"ok": relative <= tolerance, "dtype": str(policy.dtype).removeprefix("torch."),
                 "relative_difference": round(relative, 5), "tolerance": tolerance,
                 "reference_norm": float(norm), "model_tokens": sum(map(sum, masks)),

@@ -3,7 +3,7 @@
     python scripts/make_docs.py          # rewrite the section
     python scripts/make_docs.py --check  # exit 1 if the section is out of date
 
-tests/test_docs.py runs the same comparison, so the manual cannot drift from the code.
+tests/real/test_docs.py runs the same comparison, so the manual cannot drift from the code.
 """
 
 from __future__ import annotations

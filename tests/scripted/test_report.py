@@ -34,7 +34,7 @@ def reported_run(tmp_path_factory, tiny_model_dir, smol_tokenizer):
     for label, script in (("base", ["No."]), ("step 2", [tool_call_text(task.ground_truth[0]), "Done."])):
         results = evaluate([task], ScriptedGenerator(smol_tokenizer, [script]), recipe.rollout)
         store.save_evaluations(result_rows(label, "multi_turn_base_1", results))
-    # a diagnoser answer linked to one turn, as the in-process diagnoser stores it (tests/test_diagnoser.py)
+    # a diagnoser answer linked to one turn, as the in-process diagnoser stores it (tests/real/test_diagnoser.py)
     store.db["diagnoses"].insert({"key": "k1", "model": "smollm2", "status": "ok", "label": "empty_turn_model_response",
                                   "explanation": "The model answered in prose.", "recovery_hint": "Call cd first."})
     store.db.execute("update turns set diagnosis_key = 'k1' where trajectory_id like 's2-%' and turn_index = 0")

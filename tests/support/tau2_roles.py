@@ -3,7 +3,7 @@
 ``OracleAgent`` replays the task's ground-truth actions (asking the user to do the user's ones) and states the
 facts the task wants communicated; ``SilentAgent`` never does anything. Both play against ``ScriptedUser``, which
 performs the user's ground-truth actions only when the agent has asked for them. ``oracle_roles`` and
-``silent_roles`` hand them to ``seal_lite.envs.tau2_bench.play_task``: tests/real/test_tau2.py uses them to show
+``silent_roles`` hand them to ``seal_lite.envs.tau2_bench.play_task``: tests/scripted/test_tau2.py uses them to show
 the verdict is reachable (1) and not free (0).
 """
 
