@@ -1,7 +1,7 @@
 """What the local diagnoser model is asked and what it may answer: pure functions, no model in sight.
 
 For a failed turn the rule diagnoser has already given a label from executable evidence. The local model
-(served by llama.cpp, seal_lite/engines/llamacpp.py) adds an explanation and a recovery hint, and may refine the
+(served by llama.cpp, seal_lite/engines/serving.py) adds an explanation and a recovery hint, and may refine the
 label, under a JSON schema that constrains its generation:
 
     {"label": <failure label>, "cause": <cause or null>, "culprit_call_index": <int or null>,

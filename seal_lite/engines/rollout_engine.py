@@ -41,7 +41,8 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
         yield TransformersGenerator(model, tokenizer, mode), lambda step: None
         return
     from seal_lite.engines.gguf_lora import export_lora_gguf
-    from seal_lite.engines.llamacpp import LlamaCppGenerator, usable_cores
+    from seal_lite.engines.llamacpp import LlamaCppGenerator
+    from seal_lite.engines.serving import usable_cores
 
     base = resolve_gguf(recipe.policy.model, "policy.model (rollout.backend llamacpp)")
     sharing = distributed.local_world_size()  # processes on this machine split its cores

@@ -6,7 +6,7 @@ The only module that imports ``tau2`` (and, through it, litellm and loguru). A t
 judge model). What this module adds is how the two roles reach a model:
 
 * ``JsonChatAgent`` and ``JsonChatUser``: the policy under test and the user simulator, each behind any object with
-  ``complete(messages, schema, max_tokens, timeout_s) -> str`` (``seal_lite.engines.llamacpp.ServerModel``). Their system
+  ``complete(messages, schema, max_tokens, timeout_s) -> str`` (``seal_lite.engines.serving.ServerModel``). Their system
   prompts are τ²'s official ones (``LLMAgent.system_prompt``, ``UserSimulator.system_prompt``).
   Deviation from τ²'s reference runs, which use the providers' native tool calling: the tools' OpenAI schemas are
   written into the system prompt and every answer is one JSON object under a schema (``{"message": text}`` or

@@ -49,7 +49,7 @@ GPU_EXTRA_INSTALL = "pip install -e '.[gpu]'"
 
 def hardware() -> dict:
     """CPU cores, RAM, torch's version and build, CUDA, and each GPU's name, memory and native bf16."""
-    from seal_lite.engines.llamacpp import usable_cores
+    from seal_lite.engines.serving import usable_cores
 
     usable = usable_cores()
     total, available = _memory_bytes()

@@ -125,7 +125,7 @@ def test_load_adapter_changes_the_policy_in_place_and_drops_stale_caches(smol_to
 def test_every_llama_cpp_reads_prompts_with_the_threads_it_was_given(smol_tokenizer):
     """llama-cpp-python reads prompts with the machine's whole CPU count unless told (2 here): a process pinned to
     fewer cores (taskset, a cgroup, one core per process of a several-process run) would oversubscribe them."""
-    from seal_lite.engines.llamacpp import InProcessModel, LocalServer
+    from seal_lite.engines.serving import InProcessModel, LocalServer
 
     generator = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=512, n_threads=1)
     generator.generate([[1, 2, 3]], 1, 0.0)
