@@ -19,19 +19,40 @@ own writes nest inside it as savepoints), so a crash leaves a whole step or noth
 and writes are upserts, so writing a step twice never duplicates rows. A step counts as done once its
 ``checkpoints`` row exists (written after the policy update and its checkpoint); ``rollback_after`` removes the
 rows of steps a killed run did not finish, so a resumed run writes each step exactly once.
+
+Opening. ``Store(path)`` opens for writing: it creates the file, or upgrades an older one, and sets WAL mode.
+``Store.open_readonly(path)`` is for readers that must not write (a report, the message after a full disk): it
+never writes, never changes the journal mode and creates no table and no file.
+
+Schema versions. The file's ``PRAGMA user_version`` is its schema version; ``MIGRATIONS[n]`` takes a store from
+version n to n + 1 and ``SCHEMA_VERSION`` (their count) is the version this code writes. Opening for writing runs
+the missing migrations and sets the new version in one transaction; a store from a newer seal-lite is refused
+with a ``RunError``, writable or not. Version 0 is a store written before the migrations existed (or an empty
+file). ``runs.schema_version`` only records the version a run was started under. How to add a migration:
+docs/store.md.
+
+Reads for other modules, so that none of them writes SQL: ``steps``, ``trajectories``, ``trajectory``,
+``turns``, ``turn_labels``, ``label_counts``, ``labels_by_step`` (step -> its turn labels), ``rewards_by_group``
+((step, task) -> rewards), ``metrics`` (one name), ``metric_series`` (every name with a prefix and suffix, such as
+``labels/<label>_rate``), ``step_count``, ``checkpoints``, ``last_checkpoint``, ``interface_versions``,
+``diagnosis``, ``evaluations``, ``screen``, ``run``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import sqlite_utils
 
-SCHEMA_VERSION = 1
+from seal_lite.core.errors import RunError
 
-_TABLES = {
+# The tables as version 1 creates them. Frozen: a later schema changes them through a new migration, never here.
+_V1_TABLES = {
     "runs": (
         {"id": str, "name": str, "recipe": str, "model": str, "status": str, "started_at": float,
          "finished_at": float, "wall_time_s": float, "schema_version": int},
@@ -77,24 +98,52 @@ _TABLES = {
 }
 
 
+def _create_v1_tables(db: sqlite_utils.Database) -> None:
+    """0 -> 1: the tables of version 1. A store written before the migrations existed may lack the tables and
+    columns added during version 1's life (screen, rescreens; evaluations.benchmark, reward, detail): they are
+    added empty, as that code added them on opening."""
+    for name, (columns, pk) in _V1_TABLES.items():
+        table = db[name]
+        if not table.exists():
+            table.create(columns, pk=pk)
+            continue
+        present = table.columns_dict
+        for column, kind in columns.items():
+            if column not in present:
+                table.add_column(column, kind)
+    db["turns"].create_index(["label"], if_not_exists=True)
+    db["trajectories"].create_index(["step"], if_not_exists=True)
+
+
+# MIGRATIONS[n] takes a store from schema version n to n + 1. Append one to change the schema (docs/store.md).
+MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_create_v1_tables,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
 class Store:
     """Nouns and verbs over the run database. The library never prints; callers decide what to show."""
 
     def __init__(self, path: str | Path):
+        """Open the store at ``path`` for writing: create it, or upgrade an older one to ``SCHEMA_VERSION``."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite_utils.Database(self.path)
+        _checked_version(self.db, self.path)  # before anything is written to a file this code does not understand
         self.db.conn.execute("PRAGMA journal_mode=WAL")
-        for name, (columns, pk) in _TABLES.items():
-            if not self.db[name].exists():
-                self.db[name].create(columns, pk=pk)
-            else:  # a store written before a column was added (evaluations.benchmark, reward, detail) gets it empty
-                present = self.db[name].columns_dict
-                for column, kind in columns.items():
-                    if column not in present:
-                        self.db[name].add_column(column, kind)
-        self.db["turns"].create_index(["label"], if_not_exists=True)
-        self.db["trajectories"].create_index(["step"], if_not_exists=True)
+        _upgrade(self.db, self.path)
+
+    @classmethod
+    def open_readonly(cls, path: str | Path) -> Store:
+        """Open an existing store only to read it: nothing is written, created or upgraded (the disk may be
+        full). An older store is read as it is; a newer one is refused. Meant for short reads: see _read_uri."""
+        path = Path(path)
+        if not path.is_file():
+            raise RunError(f"{path} does not exist; pass a run directory made by `seal-lite run`")
+        store = cls.__new__(cls)
+        store.path = path
+        store.db = sqlite_utils.Database(sqlite3.connect(_read_uri(path), uri=True))
+        _checked_version(store.db, path)
+        return store
 
     # --- run -------------------------------------------------------------------------------------------
     def start_run(self, name: str, recipe: dict, model: str) -> None:
@@ -238,6 +287,85 @@ class Store:
     def metrics(self, name: str) -> list[tuple[int, float]]:
         rows = self.db["metrics"].rows_where("name = ?", [name], order_by="step")
         return [(row["step"], row["value"]) for row in rows]
+
+    def metric_series(self, prefix: str, suffix: str = "") -> dict[str, list[tuple[int, float]]]:
+        """Every metric named ``prefix + key + suffix``: key -> [(step, value)] in step order. For example
+        ``metric_series("labels/", "_rate")`` gives each label's share per step, ``metric_series("rho/")`` each
+        label's utility. Matched exactly (SQL's LIKE would read ``_`` as a wildcard and ignore case)."""
+        series: dict[str, list[tuple[int, float]]] = {}
+        rows = self.db["metrics"].rows_where("substr(name, 1, ?) = ?", [len(prefix), prefix], order_by="step, name")
+        for row in rows:
+            name = row["name"]
+            if name.endswith(suffix) and len(name) > len(prefix) + len(suffix):
+                series.setdefault(name[len(prefix) : len(name) - len(suffix)], []).append((row["step"], row["value"]))
+        return series
+
+    def labels_by_step(self) -> dict[int, list[str]]:
+        """step -> the labels of its trajectories' turns, in trajectory and turn order."""
+        labels: dict[int, list[str]] = {}
+        for row in self.db.query("select t.step, u.label from turns u join trajectories t on t.id = u.trajectory_id "
+                                 "order by t.step, u.trajectory_id, u.turn_index"):
+            labels.setdefault(row["step"], []).append(row["label"])
+        return labels
+
+    def rewards_by_group(self) -> dict[tuple[int, str], list[float]]:
+        """(step, task id) -> the rewards of that task's group of trajectories, in trajectory id order."""
+        rewards: dict[tuple[int, str], list[float]] = {}
+        for row in self.db["trajectories"].rows_where(select="step, task_id, reward", order_by="id"):
+            rewards.setdefault((row["step"], row["task_id"]), []).append(row["reward"])
+        return rewards
+
+    def step_count(self) -> int:
+        """How many steps the store holds (0 for a file that has no tables yet)."""
+        return self.db["steps"].count if self.db["steps"].exists() else 0
+
+    def checkpoints(self) -> list[dict]:
+        """The committed steps' checkpoint rows in step order, their seal_state decoded."""
+        return [_decode(row, "seal_state") for row in self.db["checkpoints"].rows_where(order_by="step")]
+
+
+def _checked_version(db: sqlite_utils.Database, path: Path) -> int:
+    """The store's schema version; a RunError if a newer seal-lite wrote it (this code cannot know its tables)."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise RunError(f"{path} has store schema version {version}, newer than this seal-lite's {SCHEMA_VERSION}: "
+                       "upgrade seal-lite to open it")
+    return version
+
+
+def _upgrade(db: sqlite_utils.Database, path: Path) -> None:
+    """Run the migrations the store lacks and set its new version, all in one transaction: a failure leaves the
+    store as it was."""
+    if _checked_version(db, path) == SCHEMA_VERSION:
+        return
+    with _write_transaction(db):
+        version = _checked_version(db, path)  # again under the write lock: another process may have upgraded it
+        for migrate in MIGRATIONS[version:]:
+            migrate(db)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+@contextlib.contextmanager
+def _write_transaction(db: sqlite_utils.Database):
+    """A transaction that takes the write lock at once (BEGIN IMMEDIATE), so what it reads first cannot change
+    before it writes; committed at the end, rolled back on any error. sqlite-utils' writes inside it join it."""
+    db.conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.conn.rollback()
+        raise
+    db.conn.commit()
+
+
+def _read_uri(path: Path) -> str:
+    """The SQLite URI that reads ``path`` without writing. While a connection has a store open, its ``-wal``
+    file exists and a ``mode=ro`` reader shares it, seeing every committed write. Without one, nothing has the
+    file open and its whole content is in it: it is read ``immutable``, since a ``mode=ro`` reader would create
+    the ``-wal`` and ``-shm`` files beside it, which a full disk may refuse. An immutable reader does not see
+    later writes, hence short reads only."""
+    wal = path.with_name(path.name + "-wal")
+    return f"{path.resolve().as_uri()}?mode=ro" + ("" if wal.exists() else "&immutable=1")
 
 
 def _decode(row: dict, *columns: str) -> dict:
