@@ -25,7 +25,7 @@ FIGURES = ("reward", "labels", "rho", "weights")
 
 def write_report(run_dir: Path, out_dir: Path | None = None, samples: int = 4) -> Path:
     """Write ``report.html`` and the figures into ``out_dir`` (default RUN/report); return the page's path."""
-    store = Store(Path(run_dir) / "seal.db")
+    store = Store.open_readonly(Path(run_dir) / "seal.db")  # a report never writes to the run
     out_dir = Path(out_dir or Path(run_dir) / "report")
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = [row["step"] for row in store.steps()]
@@ -79,10 +79,8 @@ def _save(figure, path: Path) -> None:
 def _plot_reward(store: Store, steps: list[int], path: Path) -> None:
     plt = _pyplot()
     reward = dict(store.metrics("reward/mean"))
-    passed, total = defaultdict(int), defaultdict(int)
-    for row in store.db.query("select t.step, u.label from turns u join trajectories t on t.id = u.trajectory_id"):
-        total[row["step"]] += 1
-        passed[row["step"]] += row["label"] in SUCCESS_LABELS
+    labels = store.labels_by_step()
+    passed = {step: sum(label in SUCCESS_LABELS for label in found) for step, found in labels.items()}
     shares = signal_shares(store)
     figure, axes = plt.subplots(figsize=(7, 3))
     axes.bar(steps, [shares.get(step, 0.0) for step in steps], color="0.88", label="groups with a learning signal (share)")
@@ -91,7 +89,7 @@ def _plot_reward(store: Store, steps: list[int], path: Path) -> None:
     window = max(1, min(5, len(steps) // 4))
     if window > 1:  # long runs: the trend is easier to see than the noisy per-step reward
         axes.plot(steps, moving_average(rewards, window), linewidth=2.5, label=f"reward, mean of the last {window} steps")
-    axes.plot(steps, [passed[s] / total[s] if total[s] else 0.0 for s in steps], marker="s",
+    axes.plot(steps, [passed[s] / len(labels[s]) if labels.get(s) else 0.0 for s in steps], marker="s",
               label="turn pass rate (the update's trajectories)")
     axes.set(xlabel="step", ylim=(-0.05, 1.05))
     axes.legend(fontsize=7)
@@ -102,13 +100,10 @@ def signal_shares(store: Store) -> dict[int, float]:
     """Per step, the share of task groups whose rewards are not all equal: the only groups GRPO learns from. The
     groups the step drew, before dynamic sampling replaced any (stored groups for runs older than that metric)."""
     drawn = dict(store.metrics("sampling/drawn_groups_with_signal"))
-    group_rewards = defaultdict(list)
-    for row in store.db.query("select step, task_id, reward from trajectories"):
-        if row["step"] not in drawn:
-            group_rewards[row["step"], row["task_id"]].append(row["reward"])
     stored = defaultdict(list)
-    for (step, _), rewards in group_rewards.items():
-        stored[step].append(rewards)
+    for (step, _), rewards in store.rewards_by_group().items():
+        if step not in drawn:
+            stored[step].append(rewards)
     return {step: share_with_signal(groups) for step, groups in stored.items()} | drawn
 
 
@@ -120,9 +115,7 @@ def moving_average(values: list[float], window: int) -> list[float]:
 
 def _plot_labels(store: Store, steps: list[int], path: Path) -> None:
     plt = _pyplot()
-    rates = defaultdict(dict)
-    for row in store.db.query("select step, name, value from metrics where name like 'labels/%_rate'"):
-        rates[row["name"][len("labels/") : -len("_rate")]][row["step"]] = row["value"]
+    rates = {label: dict(points) for label, points in store.metric_series("labels/", "_rate").items()}
     figure, axes = plt.subplots(figsize=(7, 3))
     bottom = [0.0] * len(steps)
     for label in sorted(rates):
@@ -136,11 +129,8 @@ def _plot_labels(store: Store, steps: list[int], path: Path) -> None:
 
 def _plot_rho(store: Store, path: Path) -> None:
     plt = _pyplot()
-    series = defaultdict(list)
-    for row in store.db.query("select step, name, value from metrics where name like 'rho/%' order by step"):
-        series[row["name"][len("rho/") :]].append((row["step"], row["value"]))
     figure, axes = plt.subplots(figsize=(7, 3))
-    for label, points in sorted(series.items()):
+    for label, points in sorted(store.metric_series("rho/").items()):
         axes.plot([s for s, _ in points], [v for _, v in points], marker=".", label=label)
     axes.set(xlabel="step", ylabel="rho", ylim=(0.45, 2.05))
     axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))

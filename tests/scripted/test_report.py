@@ -2,9 +2,11 @@
 rendered by headless Chromium where it is installed (scripts/setup.sh installs it when it can)."""
 
 import base64
+import gzip
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +83,17 @@ def test_signal_shares_and_the_moving_average(tmp_path):
     store.db["metrics"].insert({"step": 2, "name": "sampling/drawn_groups_with_signal", "value": 0.25}, alter=True)
     assert signal_shares(store) == {1: 0.5, 2: 0.25}
     assert moving_average([0.0, 1.0, 0.5, 0.5], 2) == [0.0, 0.5, 0.75, 0.5]
+
+
+def test_the_report_renders_a_store_from_before_the_migrations_without_changing_it(tmp_path):
+    """tests/data/seal_v1.db.gz: a real two-step run's store as the code before the migrations wrote it."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    store_v1 = Path(__file__).resolve().parent.parent / "data" / "seal_v1.db.gz"
+    (run_dir / "seal.db").write_bytes(gzip.decompress(store_v1.read_bytes()))
+    content = (run_dir / "seal.db").read_bytes()
+    text = write_report(run_dir).read_text()
+    assert len(re.findall(r"src='data:image/png;base64,", text)) == 4 and "seal-lite run quickstart" in text
+    assert len(re.findall(r"<h3>v\d+ \(after step", text)) == 2 and "No BFCL evaluation yet" in text
+    assert text.count("<tr class='turn'>") >= 4 and re.findall(r"<h3>(s2-[^:]+):", text)
+    assert (run_dir / "seal.db").read_bytes() == content  # read as it is: neither upgraded nor touched
