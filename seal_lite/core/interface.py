@@ -24,9 +24,11 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from seal_lite.core.calls import REJECTED
+from seal_lite.core.explainer import argument_values, redact_unseen_values
 
 # The tool block, byte for byte as the SEAL release's tools_schema_to_qwen_prompt("bfcl_qwen_fc") writes it.
 TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -157,7 +159,7 @@ PARSE_HINT = ("Write each call as <tool_call>{{\"name\": \"tool_name\", \"argume
               "Available tools: {tools}. If no tool fits, answer in plain text.")
 GENERIC_HINT = "Re-read the tool's schema and the error message, then correct the call."
 # (kind, pattern in the error text, hint): the first match wins. The kinds cover every error the eight BFCL API
-# classes return (tests/test_error_hints.py checks each one against its intended kind).
+# classes return (tests/unit/test_error_hints.py checks each one against its intended kind).
 ERROR_HINTS = [
     ("missing_argument", r"missing (?:a|\d+) required (?:positional |keyword-only )?arguments?: '?(\w+)",
      "Supply the required argument '{0}'."),
@@ -240,6 +242,29 @@ def capability_guidelines(counts: dict[str, int], mean_rewards: dict[str, float]
     recovered). ``hints`` replaces a label's template with another text (the local diagnoser's hint)."""
     chosen = [candidate.label for candidate in guideline_candidates(counts, mean_rewards) if candidate.qualifies]
     return tuple((hints or {}).get(label) or GUIDELINES[label] for label in chosen[:MAX_LINES])
+
+
+class TaskView(Protocol):
+    """What the core reads of a task (seal_lite/envs/bfcl.py's ``Task`` is one): its turns, the tools and user
+    messages it shows, and its ground-truth calls."""
+
+    turns: list
+    ground_truth: list[list[str]]  # call strings per turn
+
+    def visible_functions(self, turn_index: int) -> list[dict]: ...
+    def user_message(self, turn_index: int) -> str: ...
+
+
+def interface_for_task(interface: TrainingInterface, task: TaskView) -> TrainingInterface:
+    """The interface for one task, with any of its ground-truth argument values that its own conversation does
+    not show removed from the guidelines (a diagnoser hint learned on another task could carry one)."""
+    if not interface.guidelines:
+        return interface
+    visible = json.dumps(task.visible_functions(len(task.turns) - 1)) + " ".join(
+        task.user_message(index) for index in range(len(task.turns)))
+    hidden = argument_values([call for turn in task.ground_truth for call in turn])
+    guarded = tuple(redact_unseen_values(line, hidden, visible)[0] for line in interface.guidelines)
+    return replace(interface, guidelines=guarded)
 
 
 def interface_from_version(row: dict) -> TrainingInterface:

@@ -16,7 +16,7 @@ One generate call over B left-padded rows of width W, making up to N new tokens 
 
 The copy counts come from reading the code paths (Unsloth's ``fast_swiglu_inference`` keeps gate and up alive;
 transformers' MLP keeps act(gate), up and their product). transformers' path runs on a CPU too, where
-tests/test_memory.py checks the whole model against measured peaks (benchmarks/memory_model.py); Unsloth's terms
+tests/real/test_memory.py checks the whole model against measured peaks (benchmarks/memory_model.py); Unsloth's terms
 only a GPU can check (scripts/gpu_check.sh). Pure arithmetic, no torch: the recipes' budgets and docs/gpu.md's
 table come from here.
 """

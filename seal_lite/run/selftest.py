@@ -87,7 +87,7 @@ def masking_self_test(model_dir: str, *, task_id: str = "multi_turn_base_0", tur
         # the mask does not depend on how tools are shown; one-line signatures keep the prompt near 1k tokens
         "interface.tool_format": "signatures",
         # the probe reads the gradient of every logit row, which only TRL's pass per trajectory computes; the
-        # shared-prefix pass computes logits at the loss tokens only, and tests/test_grpo_reference.py shows its
+        # shared-prefix pass computes logits at the loss tokens only, and tests/scripted/test_grpo_reference.py shows its
         # log-probs and gradients equal these
         "grpo.shared_prefix": False,
     }

@@ -12,7 +12,7 @@ Here, per group of rows with the same prompt:
 
 The result is the same function of the weights as one forward pass per trajectory (attention over
 [prefix; suffix] with the suffix at positions s, s + 1, ...), so the log-probabilities and every gradient are
-the same up to float summation order; ``tests/test_grpo_reference.py`` checks it. Nothing is detached.
+the same up to float summation order; ``tests/scripted/test_grpo_reference.py`` checks it. Nothing is detached.
 
 Memory: the prefix's graph once (as one trajectory's would be) and one suffix's at a time. Each suffix's forward
 pass and log-probs are one checkpointed function, recomputed in the backward pass (one extra forward pass over
