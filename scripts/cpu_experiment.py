@@ -160,12 +160,12 @@ def sets(overrides: list[str]) -> list[str]:
 def frontier_ids(recipe: str, out: Path, overrides: list[str], stored_only: bool = False) -> list[str]:
     """The tasks every run trains on: those the recipe (with ``overrides``) names, else the frontier of a screen of
     its candidates (data.num_tasks of data.split), screened into OUT/screen unless ``stored_only``."""
-    from seal_lite.cli import _parse_overrides
+    from seal_lite.api import parse_overrides
     from seal_lite.core.recipe import load_recipe
     from seal_lite.engines.store import Store
     from seal_lite.step.screen import frontier, pass_rates
 
-    named = load_recipe(ROOT / recipe, _parse_overrides(tuple(overrides))).data.task_ids
+    named = load_recipe(ROOT / recipe, parse_overrides(tuple(overrides))).data.task_ids
     if named:
         return list(named)
     if not stored_only:
@@ -258,7 +258,7 @@ def main() -> None:
     parser.add_argument("--summary-only", action="store_true",
                         help="run nothing: tabulate the records (while the experiment runs, or on another machine)")
     args = parser.parse_args()
-    from seal_lite.cli import _parse_overrides
+    from seal_lite.api import parse_overrides
     from seal_lite.run.run_dir import run_status
 
     seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
@@ -273,7 +273,7 @@ def main() -> None:
 
     recipe = yaml.safe_load((ROOT / args.recipe).read_text())
     rollout = {**recipe.get("rollout", {}), **{key.split(".", 1)[1]: value for key, value
-                                               in _parse_overrides(tuple(args.overrides)).items()
+                                               in parse_overrides(tuple(args.overrides)).items()
                                                if key.startswith("rollout.")}}
     base_sets = [f"rollout.{key}={json.dumps(rollout[key])}" for key in EVAL_ROLLOUT if key in rollout]
 
@@ -293,7 +293,7 @@ def main() -> None:
             path = args.out / f"{name}-{view}-eval{args.eval_tasks}.json"
             if not path.exists():
                 seal_lite("eval", target, "--split", ",".join(held_out), "--view", view, *eval_sets,
-                          "--json", str(path))
+                          "--json-file", str(path))
             record["held_out"][view] = evaluation(path)
             records.put(name, record)
 

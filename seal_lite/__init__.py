@@ -1,0 +1,39 @@
+"""seal-lite: co-evolve a tool-using agent and its training environment with SEAL (docs/method.md).
+
+The library's front door is ``seal_lite.api``, whose docstring has an example a notebook can copy; its names are
+available here too, loaded on first use (PEP 562), so that ``import seal_lite.core.calls`` and ``seal-lite --help``
+import nothing heavy.
+"""
+
+import importlib
+import sys
+import types
+
+_FROM_API = ("run", "screen", "evaluate", "verify", "prompt", "report", "diagnose", "trajectory", "doctor",
+             "checked_recipe", "load_recipe", "SealLiteError")
+__all__ = list(_FROM_API)
+
+
+def __getattr__(name: str):
+    if name in _FROM_API:
+        return getattr(importlib.import_module("seal_lite.api"), name)
+    raise AttributeError(f"module 'seal_lite' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_FROM_API})
+
+
+class _Package(types.ModuleType):
+    """The package object. ``run`` and ``report`` name both a facade function and a submodule (``seal_lite.run``,
+    ``seal_lite.report``); the import system would bind the submodule to the package on its first import, hiding
+    the function. That binding is refused for those names, so ``seal_lite.run(...)`` is the function whatever was
+    imported before; the submodules are imported by their full name (``from seal_lite.run.train import run``)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _FROM_API and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

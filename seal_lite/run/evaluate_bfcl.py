@@ -14,15 +14,19 @@ every label they are shown or stored under says so (``view_label``).
 from __future__ import annotations
 
 import contextlib
+import json
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from seal_lite.core.errors import ConfigError, RunError
 from seal_lite.core.interface import NOT_BFCL_VIEW, evaluation_interface
 from seal_lite.core.labels import SUCCESS_LABELS
-from seal_lite.core.recipe import Recipe, RolloutConfig
-from seal_lite.envs.bfcl import CATEGORIES, Task
+from seal_lite.core.recipe import Recipe, RolloutConfig, load_recipe
+from seal_lite.engines.store import Store
+from seal_lite.envs.bfcl import CATEGORIES, Task, category_of, load_tasks, split_ids
 from seal_lite.step.rollout import Generator, rollout_groups
 from seal_lite.step.verifier import diagnose_episode
 
@@ -122,3 +126,94 @@ def evaluation_engine(recipe: Recipe, adapter: Path | None, work_dir: Path):
         if adapter is not None:
             sync(0)  # llama.cpp: export the adapter and load it (transformers already runs the PeftModel)
         yield generator
+
+
+def eval_task_ids(split: str, per_category: int | None = None) -> list[str]:
+    """The ids of ``split`` (eval, train, or comma-separated BFCL ids), with ``per_category`` only the first N of
+    each category in the split's order (a fixed subset)."""
+    if split in ("eval", "train"):
+        ids = split_ids(split)
+    else:
+        ids = [task_id.strip() for task_id in split.split(",") if task_id.strip()]
+        for task_id in ids:
+            try:
+                category_of(task_id)
+            except KeyError as error:
+                raise ConfigError(f"--split: {error.args[0]}; pass eval, train or BFCL ids such as "
+                                  "multi_turn_base_1") from None
+    if per_category:
+        ids = [task_id for category in CATEGORIES
+               for task_id in [i for i in ids if category_of(i) == category][:per_category]]
+    return ids
+
+
+def run_dir_of(target: str) -> Path | None:
+    """TARGET as a run directory (it holds a seal.db), else None: a model."""
+    return Path(target) if (Path(target) / "seal.db").exists() else None
+
+
+def trained_adapters(store: Store, run_dir: Path, steps: tuple[int, ...]) -> list[tuple[int, Path]]:
+    """(step, adapter directory) for the requested steps' checkpoints, or the run's newest adapter."""
+    checkpoints = {row["step"]: run_dir / row["path"] for row in store.checkpoints()}
+    if not checkpoints:
+        raise RunError(f"{run_dir} has no trained adapter yet; evaluate after its first step")
+    if not steps:
+        last = max(checkpoints)
+        return [(last, run_dir / "adapter" if (run_dir / "adapter").is_dir() else checkpoints[last])]
+    kept = {step: path for step, path in checkpoints.items() if path.is_dir()}
+    for step in steps:
+        if step not in kept:
+            raise RunError(f"{run_dir} keeps checkpoints of steps {sorted(kept)}, not {step} "
+                           "(grpo.keep_checkpoints sets how many are kept)")
+    return [(step, kept[step]) for step in steps]
+
+
+def run_variants(run_dir: Path, overrides: dict, base: bool, steps: tuple[int, ...]):
+    """(store, recipe, [(label, adapter)]) of a run directory: the run's own recipe with ``overrides`` on top, the
+    base model with ``base`` (adapter None), and the trained adapters of ``steps`` (default: the newest)."""
+    store = Store(run_dir / "seal.db")
+    recipe = load_recipe(None, {**json.loads(store.run()["recipe"]), **overrides})
+    variants = [("base", None)] if base else []
+    variants += [(f"step {step}", path) for step, path in trained_adapters(store, run_dir, steps)]
+    return store, recipe, variants
+
+
+def model_recipe(target: str, overrides: dict, or_else: str) -> Recipe:
+    """The default recipe with TARGET as its policy, TARGET checked as a model before anything loads;
+    ``or_else`` names what else TARGET could have been, for the error."""
+    from seal_lite.run.preflight import model_problem
+
+    if problem := model_problem(target):
+        raise ConfigError(f"TARGET {target!r} is neither {or_else} nor a usable model: {problem}")
+    return load_recipe(None, {**overrides, "policy.model": target})
+
+
+def evaluate_target(target: str, *, split: str = "eval", tasks: int | None = None, base: bool = False,
+                    steps: tuple[int, ...] = (), overrides: dict | None = None, view: str = "official",
+                    progress=None, note: Callable[[str], None] = lambda text: None) -> dict:
+    """``seal_lite.evaluate`` on BFCL: every variant of TARGET (a run directory or a model) on ``split``; the
+    results are stored in the run's seal.db. {"summary": {label: table}, "tasks": {label: [results]}}."""
+    try:
+        chosen = load_tasks(eval_task_ids(split, tasks))
+    except KeyError as error:  # an id of a known category that bfcl-eval does not have
+        raise ConfigError(f"--split: {error.args[0]}") from None
+    run_dir = run_dir_of(target)
+    if run_dir is not None:
+        store, recipe, variants = run_variants(run_dir, overrides or {}, base, steps)
+    else:
+        store, recipe, variants = None, model_recipe(target, overrides or {}, "a run directory"), [("base", None)]
+    chosen = [task.truncated(recipe.rollout.max_turns) for task in chosen]
+    if view != "official":
+        note(f"note: the {view} view is {NOT_BFCL_VIEW}; these results are not BFCL multi-turn scores")
+    summaries, everything = {}, {}
+    for label, adapter in variants:
+        label = view_label(label, view)
+        note(f"evaluating {label} on {len(chosen)} tasks ...")
+        with (tempfile.TemporaryDirectory() as work, evaluation_engine(recipe, adapter, Path(work)) as generator,
+              progress(label, len(chosen)) if progress else contextlib.nullcontext(lambda result: None) as on_result):
+            rollout = recipe.rollout.model_copy(update={"generation_batch_size": recipe.generation_batch()})
+            results = evaluate(chosen, generator, rollout, view, on_result=on_result)
+        summaries[label], everything[label] = summarize(results), [vars(result) for result in results]
+        if store is not None:
+            store.save_evaluations(result_rows(label, split, results))
+    return {"summary": summaries, "tasks": everything}

@@ -8,7 +8,7 @@ is the share of its tasks with reward 1; the overall score is the unweighted mea
 Where the two models run:
 
 * a GGUF (registry name or path), and a run's trained LoRA exported to a LoRA GGUF, are served by llama.cpp
-  (``seal_lite.engines.llamacpp.LocalServer``), one server per role, so each keeps its own prompt cache between turns;
+  (``seal_lite.engines.serving.LocalServer``), one server per role, so each keeps its own prompt cache between turns;
 * a URL is any OpenAI-compatible server already running (vLLM, SGLang, llama.cpp's llama-server on a GPU); it is
   sent OpenAI's ``json_schema`` response format;
 * any other policy (a run whose rollouts use transformers: on a GPU, or a model that is no GGUF) is held in this
@@ -23,12 +23,13 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from seal_lite.core.errors import ModelError
+from seal_lite.core.errors import ConfigError, ModelError
 
 # The extra's packages by import name (scripts/setup.sh and pyproject.toml's ood extra install them).
 OOD_IMPORTS = ("tau2", "litellm", "loguru", "deepdiff", "addict", "toml", "docstring_parser", "pandas")
@@ -79,7 +80,7 @@ def chat_model(spec: str, lora: str | None = None) -> ChatModel:
 @contextlib.contextmanager
 def serving(model: ChatModel, n_ctx: int = CONTEXT_TOKENS):
     """An object with ``complete(messages, schema, max_tokens, timeout_s)`` for ``model``, served for the block."""
-    from seal_lite.engines.llamacpp import LocalServer, ServerModel
+    from seal_lite.engines.serving import LocalServer, ServerModel
 
     if model.gguf is None:
         url, _, name = model.spec.partition("#")
@@ -222,3 +223,98 @@ def results_from_rows(rows: list[dict]) -> dict[str, list[Tau2Result]]:
             domain, row["task_id"].removeprefix(f"tau2/{domain}/"), row["reward"], detail.get("termination", ""),
             detail.get("seconds", 0.0), detail.get("messages", 0), detail.get("breakdown", {}), []))
     return out
+
+
+@dataclass
+class _Agents:
+    """Where the agent under test and the user simulator run, decided once for all variants."""
+
+    recipe: object  # None for a URL TARGET: a server already up
+    policy_spec: str
+    engine: str  # url | llamacpp (GGUF servers, as the run's rollouts) | transformers (held in this process)
+    user: ChatModel | None  # served for all variants; None: each variant's own (in process)
+    user_label: str
+
+    @contextlib.contextmanager
+    def roles(self, adapter: Path | None, work: Path):
+        """(agent, user) for one variant; the user is None when it is served for all of them."""
+        if self.engine == "transformers":
+            with in_process_roles(self.recipe, adapter, work) as (agent, base_model):
+                yield agent, base_model if self.user is None else None
+            return
+        lora = export_adapter(self.policy_spec, adapter, work / "policy-lora.gguf", self.recipe) if adapter else None
+        model = chat_model(self.policy_spec) if self.engine == "url" else chat_model(self.policy_spec, lora)
+        with serving(model) as agent:
+            yield agent, None
+
+
+def _agents(recipe, target: str, user_model: str | None) -> _Agents:
+    """The roles' placement, every model spec checked before anything starts."""
+    from seal_lite.engines.model_sources import ModelSourceError
+    from seal_lite.engines.rollout_engine import rollout_backend
+
+    policy_spec = recipe.policy.model if recipe is not None else target
+    engine = "url" if recipe is None else rollout_backend(recipe)
+    if engine != "transformers":
+        try:
+            chat_model(policy_spec)
+        except ModelSourceError as error:
+            raise ConfigError(f"TARGET: {error}; τ² serves a GGUF with llama.cpp, reaches a server at its URL "
+                              "(http://HOST:PORT#MODEL), or holds any other model in this process with "
+                              "--set rollout.backend=transformers") from None
+    in_process_user = engine == "transformers" and user_model is None
+    try:
+        user = None if in_process_user else chat_model(user_model or policy_spec)
+    except ModelSourceError as error:
+        raise ConfigError(f"--user-model: {error}; or give a server URL (http://...)") from None
+    return _Agents(recipe, policy_spec, engine, user, user_model or policy_spec)
+
+
+def _variants(target: str, overrides: dict, base: bool, steps: tuple[int, ...], into: str | None):
+    """(store or None, recipe or None for a URL, [(label, adapter)]) of TARGET."""
+    from seal_lite.engines.store import Store
+    from seal_lite.run.evaluate_bfcl import model_recipe, run_dir_of, run_variants
+
+    run_dir = run_dir_of(target)
+    if run_dir is not None:
+        if into:
+            raise ConfigError("--into: a run directory stores its own results; --into is for a model or URL TARGET")
+        return run_variants(run_dir, overrides, base, steps)
+    if base or steps:
+        raise ConfigError("TARGET: --base and --step need a run directory")
+    if into and not (Path(into) / "seal.db").exists():
+        raise ConfigError(f"--into: {into} holds no seal.db: give a run directory")
+    store = Store(Path(into) / "seal.db") if into else None
+    recipe = None if is_url(target) else model_recipe(target, overrides, "a run directory, a server URL")
+    return store, recipe, [(target, None)]
+
+
+def evaluate_target(target: str, *, domains: tuple[str, ...] = DOMAINS, tasks: int | None = None,
+                    user_model: str | None = None, base: bool = False, steps: tuple[int, ...] = (),
+                    overrides: dict | None = None, max_steps: int | None = None, into: str | None = None,
+                    progress=None, note: Callable[[str], None] = lambda text: None) -> dict:
+    """``seal_lite.evaluate`` on τ²-bench: every variant of TARGET (a run directory, a model or a server URL) as the
+    agent, ``tasks`` per domain; stored in the run's seal.db (or ``into``'s, for a model or URL)."""
+    from seal_lite.engines.serving import BackendError
+    from seal_lite.envs.tau2_bench import load_tasks
+
+    require_tau2()
+    domains = tuple(domains or DOMAINS)
+    store, recipe, variants = _variants(target, overrides or {}, base, steps, into)
+    agents = _agents(recipe, target, user_model)
+    total = sum(len(load_tasks(domain, tasks)) for domain in domains)
+    summaries, everything = {}, {}
+    try:
+        with serving(agents.user) if agents.user else contextlib.nullcontext() as shared_user:
+            for label, adapter in variants:
+                note(f"τ²: {label} as the agent, {agents.user_label} as the user, {total} tasks ...")
+                with (tempfile.TemporaryDirectory() as work, agents.roles(adapter, Path(work)) as (agent, own_user),
+                      progress(label, total) if progress else contextlib.nullcontext(lambda r: None) as on_result):
+                    results = evaluate_tau2(agent, own_user or shared_user, list(domains), tasks, max_steps,
+                                            on_result=on_result)
+                summaries[label], everything[label] = summarize(results), [vars(result) for result in results]
+                if store is not None:
+                    store.save_evaluations(result_rows(label, agents.user_label, results))
+    except BackendError as error:
+        raise BackendError(f"a model stopped answering: {error}") from None
+    return {"benchmark": "tau2", "user_model": agents.user_label, "summary": summaries, "tasks": everything}

@@ -172,6 +172,32 @@ def run_status(out_dir: Path) -> str | None:
         return None
 
 
+def choose_run_dir(recipe: Recipe, out_dir: Path | None, overwrite: bool) -> tuple[Path, str | None]:
+    """Where a run of ``recipe`` goes, and the status of the unfinished run it resumes there (None: a new run).
+    ``out_dir`` defaults to runs/<name>, or runs/<name>-2, -3, ... when a finished run is there. With
+    ``overwrite`` the run stored there is deleted first; without it a finished run there is refused."""
+    if out_dir is None:
+        out_dir = recipe.out_dir() if overwrite else _first_unfinished(recipe.out_dir())
+    status = run_status(out_dir)
+    if status is not None and overwrite:
+        for suffix in ("", "-wal", "-shm"):
+            (out_dir / f"seal.db{suffix}").unlink(missing_ok=True)
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+        return out_dir, None
+    if status == "finished":
+        raise RunError(f"{out_dir} holds a finished run; choose another --out or pass --overwrite")
+    return out_dir, status
+
+
+def _first_unfinished(base: Path) -> Path:
+    """base, or base-2, -3, ...: the first that holds no finished run."""
+    candidate, n = base, 1
+    while run_status(candidate) == "finished":
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
 def resume_point(store: Store, out_dir: Path, updates: int) -> dict | None:
     """The newest committed checkpoint, after removing what later, unfinished steps left behind."""
     checkpoint = store.last_checkpoint()

@@ -38,7 +38,7 @@ def test_eval_command_is_greedy_repeatable_and_marks_the_signatures_view(tmp_pat
     outputs = []
     for attempt in range(2):
         path = tmp_path / f"eval{attempt}.json"
-        result = subprocess.run(command + ["--json", str(path)], capture_output=True, text=True, timeout=1800,
+        result = subprocess.run(command + ["--json-file", str(path)], capture_output=True, text=True, timeout=1800,
                                 check=False)
         assert result.returncode == 0, result.stderr[-2000:]
         assert "official verdict accuracy" in result.stdout and "not the BFCL view" not in result.stderr
@@ -51,7 +51,7 @@ def test_eval_command_is_greedy_repeatable_and_marks_the_signatures_view(tmp_pat
 
     path = tmp_path / "signatures.json"
     marked = subprocess.run(command + ["--set", "rollout.max_turns=1", "--set", "rollout.max_model_calls=2",
-                                       "--view", "signatures", "--json", str(path)],
+                                       "--view", "signatures", "--json-file", str(path)],
                             capture_output=True, text=True, timeout=1800, check=False)
     assert marked.returncode == 0, marked.stderr[-2000:]
     assert "not the BFCL view" in marked.stderr  # and in the stored label below (the table may abbreviate it)

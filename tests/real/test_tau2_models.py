@@ -16,7 +16,7 @@ def test_one_real_conversation_per_domain_with_a_small_local_model(tmp_path):
     solve them; what is checked is that the conversations happen and τ² scores them."""
     out = tmp_path / "tau2.json"
     command = [sys.executable, "-m", "seal_lite", "eval", "smollm2-135m", "--benchmark", "tau2", "--tasks", "1",
-               "--max-steps", "4", "--json", str(out)]
+               "--max-steps", "4", "--json-file", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=3600,
                             env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr[-3000:]

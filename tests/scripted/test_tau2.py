@@ -163,9 +163,9 @@ def test_the_command_refuses_bfcl_options_and_bad_models(tmp_path):
     assert result.exit_code == 2 and "needs --benchmark tau2" in result.output
     result = runner.invoke(main, ["eval", str(tmp_path / "no.gguf"), "--benchmark", "tau2"])
     assert result.exit_code == 2 and "neither a run directory, a server URL nor a usable model" in result.output
-    result = runner.invoke(main, ["eval", "http://127.0.0.1:9#m", "--benchmark", "tau2", "--run", str(tmp_path)])
+    result = runner.invoke(main, ["eval", "http://127.0.0.1:9#m", "--benchmark", "tau2", "--into", str(tmp_path)])
     assert result.exit_code == 2 and "holds no seal.db" in result.output
-    result = runner.invoke(main, ["eval", "smollm2-135m", "--run", str(tmp_path)])
+    result = runner.invoke(main, ["eval", "smollm2-135m", "--into", str(tmp_path)])
     assert result.exit_code == 2 and "needs --benchmark tau2" in result.output
     result = runner.invoke(main, ["eval", "smollm2-135m", "--benchmark", "tau2", "--user-model", "gpt-9"])
     assert result.exit_code == 2 and "--user-model" in result.output and "server URL" in result.output
@@ -211,14 +211,14 @@ def test_in_process_roles_answer_with_and_without_the_lora(tmp_path, tiny_model_
 
 
 def test_an_in_process_policy_plays_a_real_task_and_its_scores_go_into_a_run(tmp_path, tiny_model_dir):
-    """A model that is no GGUF is held in this process (transformers), as both roles; --run stores the scores in a
+    """A model that is no GGUF is held in this process (transformers), as both roles; --into stores the scores in a
     run's seal.db beside its BFCL results. The random model cannot solve the task: τ² scores it 0."""
     run = tmp_path / "run"
     run.mkdir()
     Store(run / "seal.db")
     out = tmp_path / "tau2.json"
     result = CliRunner().invoke(main, ["eval", tiny_model_dir, "--benchmark", "tau2", "--domain", "retail",
-                                       "--tasks", "1", "--max-steps", "4", "--run", str(run), "--json", str(out)])
+                                       "--tasks", "1", "--max-steps", "4", "--into", str(run), "--json-file", str(out)])
     assert result.exit_code == 0, result.output
     (task,) = json.loads(out.read_text())["tasks"][tiny_model_dir]
     assert task["domain"] == "retail" and task["reward"] == 0.0 and task["termination"] == "max_steps"

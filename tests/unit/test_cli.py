@@ -3,11 +3,15 @@
 The shipped recipes are tests/unit/test_recipes.py's; the small real run checked against its store is the README
 tour's (tests/real/test_docs.py)."""
 
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from seal_lite.cli import main
+from seal_lite.core.errors import SealLiteError
 from seal_lite.core.recipe import load_recipe
 
 ROOT = Path(__file__).parents[2]
@@ -94,3 +98,37 @@ def test_the_run_summary_draws_the_reward_curve():
     assert reward_curve([0.0]) == "▁"  # too few steps for quarters
     assert reward_curve([0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 0.75, 1.0]) == (
         "▁▃▅▆██▆█  first quarter 0.12, last quarter 0.88")
+
+
+@pytest.mark.parametrize("split", ["bogus_id", "multi_turn_base_9999", "multi_turn_base_0,nope"])
+def test_an_unknown_split_id_exits_2_naming_it_without_a_traceback(split):
+    """An id that is no BFCL multi-turn id, or one bfcl-eval lacks, is refused before any model loads (it once
+    ended in a KeyError traceback)."""
+    result = CliRunner().invoke(main, ["eval", "smollm2-135m", "--split", split])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert split.split(",")[-1] in result.output and "--split" in result.output
+
+
+def test_library_errors_end_as_one_message_and_their_exit_status(tmp_path):
+    """SealLiteGroup: a RunError (no store here) exits 1, a ConfigError (a bad --set) exits 2; no traceback."""
+    missing = CliRunner().invoke(main, ["diagnose", str(tmp_path)])
+    assert missing.exit_code == 1 and isinstance(missing.exception, SystemExit)
+    assert missing.output.startswith("Error: ") and "seal.db does not exist" in missing.output
+    bad_set = CliRunner().invoke(main, ["recipe", "--set", "grpo.steps"])
+    assert bad_set.exit_code == 2 and "write KEY=VALUE" in bad_set.output
+
+
+def test_the_package_exports_the_facade_lazily():
+    """`seal_lite.run` and `seal_lite.report` stay the facade's functions though a subpackage and a module share
+    their names; importing the core loads neither the facade nor torch."""
+    import seal_lite
+    import seal_lite.report
+    import seal_lite.run.run_dir
+    from seal_lite import api
+
+    assert (seal_lite.run, seal_lite.report, seal_lite.load_recipe) == (api.run, api.report, load_recipe)
+    assert seal_lite.SealLiteError is SealLiteError and "evaluate" in dir(seal_lite)
+    loaded = subprocess.run([sys.executable, "-c", "import sys, seal_lite.core.calls; print(sorted(m for m in "
+                             "sys.modules if m in ('seal_lite.api', 'torch', 'transformers')))"],
+                            cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"

@@ -24,14 +24,14 @@ def _cpu_experiment():
 def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
     """scripts/cpu_experiment.py's arms: SEAL is recipes/cpu-learn.yaml, vanilla GRPO is that recipe with
     exactly the parts recipes/ablation-vanilla-grpo.yaml turns off (and φ_err, φ_cap, which the paper lacks)."""
-    from seal_lite.cli import _parse_overrides
+    from seal_lite.api import parse_overrides
     from seal_lite.run.run_dir import recipe_differences
 
     experiment = _cpu_experiment()
-    common = _parse_overrides(tuple(experiment.COMMON))
-    seal = load_recipe(ROOT / experiment.RECIPE, {**common, **_parse_overrides(tuple(experiment.ARMS["SEAL"]))})
+    common = parse_overrides(tuple(experiment.COMMON))
+    seal = load_recipe(ROOT / experiment.RECIPE, {**common, **parse_overrides(tuple(experiment.ARMS["SEAL"]))})
     vanilla = load_recipe(ROOT / experiment.RECIPE,
-                          {**common, **_parse_overrides(tuple(experiment.ARMS["vanilla GRPO"]))})
+                          {**common, **parse_overrides(tuple(experiment.ARMS["vanilla GRPO"]))})
     assert sorted(recipe_differences(seal.model_dump(), vanilla.model_dump())) == [
         "grpo.closed_loop", "grpo.diagnosis_weighting", "interface.capability_hints", "interface.recovery_feedback",
         "interface.schema_cues"]
