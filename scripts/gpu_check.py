@@ -98,8 +98,8 @@ class Checks:
         tasks = {task.id: task.truncated(1) for task in load_tasks(TASKS)}
         step = SealStep(recipe, Store(self.work / "seal.db"), tasks, None)
 
-        def forced_signal(prompts):  # a random model fails every task: all advantages would be 0
-            batch = step(prompts)
+        def forced_signal(task_ids):  # a random model fails every task: all advantages would be 0
+            batch = step(task_ids)
             signs = [1.0 if index % 2 == 0 else -1.0 for index in range(len(batch.advantages))]
             return dataclasses.replace(batch, advantages=signs)
 

@@ -158,8 +158,8 @@ class _Probe:
         self.batch = self.generation = None
         self.losses: list[list] = []  # per compute_loss call: [inputs, gradient or None]
 
-    def __call__(self, prompts: list[str]):
-        batch = self.step(prompts)
+    def __call__(self, task_ids: list[str]):
+        batch = self.step(task_ids)
         signs = [1.0 if (index % self.group) % 2 == 0 else -1.0 for index in range(len(batch.advantages))]
         self.batch = dataclasses.replace(batch, advantages=signs)
         return self.batch

@@ -111,11 +111,6 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
         updates = updates_per_step(recipe)
         checkpoint = distributed.on_main(lambda: resume_point(store, out_dir, updates) if resuming else None)
         with _diagnoser(recipe, store) as diagnoser:  # a served diagnoser stops here, also on error and Ctrl-C
-            seal_step = SealStep(recipe, store, tasks, None, progress, diagnoser, task_ids)
-            if checkpoint:
-                seal_step.restore(checkpoint["seal_state"])
-            progress.run_started(seal_step.step, f"policy {policy.backend}, rollouts {rollout_backend(recipe)}"
-                                 + (f", {distributed.world_size()} processes" if distributed.world_size() > 1 else ""))
 
             def commit(step: int, directory: str) -> None:
                 distributed.barrier()  # every process has written its part of the checkpoint (its RNG state)
@@ -123,13 +118,20 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
                     store.commit_checkpoint(step, str(Path(directory).relative_to(out_dir)), seal_step.state())
                     prune_checkpoints(out_dir / "checkpoints", recipe.grpo.keep_checkpoints)
 
+            # seal_step is built below, on the rollout engine that plays the trainer's model; TRL calls it from there
             callbacks = [CheckpointCallback(commit, updates)]
             if store is not None:
-                callbacks.insert(0, StoreCallback(store, updates, seal_step))
-            trainer = build_trainer(policy, recipe, task_ids, seal_step, str(out_dir / "checkpoints"), callbacks)
+                callbacks.insert(0, StoreCallback(store, updates, lambda: seal_step.rollouts_done_at))
+            trainer = build_trainer(policy, recipe, task_ids, lambda step_task_ids: seal_step(step_task_ids),
+                                    str(out_dir / "checkpoints"), callbacks)
             with rollout_engine(recipe, trainer.model, policy.tokenizer, out_dir, policy.generation_mode) as (
                     generator, sync):
-                seal_step.generator, seal_step.sync_policy = generator, sync
+                seal_step = SealStep(recipe, store, tasks, generator, progress, diagnoser, task_ids, sync_policy=sync)
+                if checkpoint:
+                    seal_step.restore(checkpoint["seal_state"])
+                progress.run_started(seal_step.step, f"policy {policy.backend}, rollouts {rollout_backend(recipe)}"
+                                     + (f", {distributed.world_size()} processes" if distributed.world_size() > 1
+                                        else ""))
                 # 9. the policy updates, one per SEAL step (TRL calls seal_step for the rollouts of each)
                 trainer.train(resume_from_checkpoint=str(out_dir / checkpoint["path"]) if checkpoint else None)
         trainer.save_model(str(out_dir / "adapter"))  # written by rank 0 (transformers' should_save)

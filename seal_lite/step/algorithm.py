@@ -1,9 +1,13 @@
 """The SEAL loop (docs/method.md §2, Algorithm 1), one step at a time.
 
-``SealStep.__call__`` is the body of one iteration, steps 1-8 and 10 in order; step 9, the policy update,
-is TRL's GRPOTrainer, which calls this body through its ``rollout_func`` and then applies the update with the
-advantages returned here (seal_lite/training/grpo.py). seal_lite/run/train.py wires the two together for a
-whole run (resume, engines, diagnoser); this module knows neither TRL nor the run directory.
+``SealStep.__call__`` is the body of one iteration, its steps numbered in the paper's order: 1 (the step's
+tasks), 2-5 (render, roll out, verify, label: ``_roll_out``), 5's local diagnoser, 6 (C_t), 7 (group advantages),
+8 (diagnosis weights, after the closed-loop update of rho, which the paper lists under step 10 but applies before
+the weights, §5) and 10 (the next interface). Step 9, the policy update, is TRL's GRPOTrainer: its
+``rollout_func`` calls this body with the step's task ids and then updates on the advantages returned here
+(seal_lite/training/grpo.py). What the store keeps of a step is built by seal_lite/core/records.py.
+seal_lite/run/train.py wires the step, the trainer and the rollout engine together for a whole run (resume,
+engines, diagnoser); this module knows neither TRL nor the run directory.
 
 Deviations from the paper, each on purpose:
 * LoRA on a small model on CPU instead of full fine-tuning of 3-8B models on 4 GPUs; hence a larger learning
@@ -30,24 +34,22 @@ alone records the step. Each process hands its own groups' rows to its share of 
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import time
-from collections import Counter
+from collections.abc import Callable
 
 from seal_lite.core import timing
 from seal_lite.core.advantages import (
     diagnosis_weight,
     group_advantages,
     initial_utilities,
-    share_with_signal,
     update_utilities,
     weighted_advantages,
 )
-from seal_lite.core.explainer import argument_values, redact_unseen_values
-from seal_lite.core.interface import SCHEMA_CUE_LINE, TrainingInterface, capability_guidelines
-from seal_lite.core.labels import EXCLUDED_LABELS
+from seal_lite.core.interface import TrainingInterface, capability_guidelines, interface_for_task
+from seal_lite.core.metrics import STORE_SECONDS
 from seal_lite.core.recipe import Recipe
+from seal_lite.core.records import Scored, StepRecords, rewards, step_records, version_row
 from seal_lite.core.types import (
     EpisodeDiagnosis,
     Explanation,
@@ -66,17 +68,24 @@ from seal_lite.step.rollout import Generator, rollout_groups
 from seal_lite.step.screen import frontier, screen_tasks
 from seal_lite.step.verifier import diagnose_episode
 
+Group = list[tuple[Trajectory, EpisodeDiagnosis]]  # one task's G trajectories, each with its diagnosis
+
+
+def already_current(step: int) -> None:
+    """The rollout engine plays the trained model itself (transformers): nothing to hand it before a step."""
+
 
 class SealStep:
-    """One SEAL iteration; TRL calls it with the step's prompts (task ids, G copies each). ``store`` is None in the
-    processes other than rank 0 of a run across several: they record nothing. ``tasks`` are all the tasks a step
-    may play; ``frontier`` (default: all of them) the ones it draws from, which a re-screen changes."""
+    """One SEAL iteration, called with the step's task ids. ``store`` is None in the processes other than rank 0 of
+    a run across several: they record nothing. ``tasks`` are all the tasks a step may play; ``frontier``
+    (default: all of them) the ones it draws from, which a re-screen changes. ``sync_policy(step)`` hands the
+    rollout engine the current policy before each step (llama.cpp: a LoRA exported from the trained adapter)."""
 
     def __init__(self, recipe: Recipe, store: Store | None, tasks: dict[str, Task], generator: Generator,
                  progress: Progress = NoProgress(), diagnoser: Diagnoser | None = None,
-                 frontier: list[str] | None = None):
+                 frontier: list[str] | None = None, sync_policy: Callable[[int], None] = already_current):
         self.recipe, self.store, self.tasks, self.generator, self.progress = recipe, store, tasks, generator, progress
-        self.diagnoser = diagnoser
+        self.diagnoser, self.sync_policy = diagnoser, sync_policy
         self.frontier = sorted(frontier if frontier is not None else tasks)
         self.rescreened: tuple[int, int] | None = None  # this step's re-screen: (tasks kept, tasks screened)
         self.bases = initial_utilities(recipe.grpo.utilities)  # b_z: the recipe's, where it sets them
@@ -88,10 +97,11 @@ class SealStep:
         self.interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
         self.version = 1
         self.diagnoser_hints: dict[str, str] = {}  # failure label -> latest hint of the local diagnoser
-        self.sync_policy = lambda step: None  # hands the rollout engine the current policy (llama.cpp: a new LoRA)
-        self.rollouts_done_at: float | None = None  # when the step handed its batch to the update (for time/update_s)
+        self.rollouts_done_at: float | None = None  # when the last step handed its batch to the update
         if self.store is not None:
-            self.store.save_interface_version(self._version_row(self.interface, self.version, None))
+            self.store.save_interface_version(version_row(
+                version=self.version, parent=None, step=self.step, interface=self.interface,
+                previous=self.interface, config=config, statistics=self.statistics))
 
     def state(self) -> dict:
         """Everything besides the policy that the next step depends on: saved with each checkpoint."""
@@ -106,21 +116,20 @@ class SealStep:
         self.diagnoser_hints = dict(state["diagnoser_hints"])
         self.frontier = list(state.get("frontier", self.frontier))  # checkpoints from before re-screening lack it
 
-    def __call__(self, prompts: list[str]) -> RolloutBatch:
+    def __call__(self, task_ids: list[str]) -> RolloutBatch:
+        """One iteration on ``task_ids`` (several processes: this process's share of the step's tasks); the
+        batch for the update: this process's trajectories, rewards and weighted advantages."""
         started = time.time()
         self.step += 1
         G = self.recipe.rollout.num_generations
-        # 1. Sample tasks: TRL's sampler drew them and repeated each G times, in group order (dynamic sampling may
-        # swap some for others below). Several processes: these are this process's share of the step's tasks.
-        task_ids = prompts[::G]
-        if prompts != [task_id for task_id in task_ids for _ in range(G)]:
-            raise RuntimeError("expected each task repeated G times in a row, as trl 1.14.2 does; check the trl pin")
         if (self.step - 1) % self.steps_per_epoch == 0:
             self.statistics.reset_window()  # the window statistics restart every epoch (§2 step 6)
         self.progress.step_started(self.step, len(task_ids) * distributed.world_size())
         timing.take()  # the step's phases start now
         with timing.phase("sync"):
             self.sync_policy(self.step)
+        # 1. Sample tasks: TRL's sampler drew them from the run's first frontier; after a re-screen
+        # (data.rescreen_every) those outside the new frontier are swapped for frontier tasks.
         every = self.recipe.data.rescreen_every
         self.rescreened = None
         if every and self.step > 1 and (self.step - 1) % every == 0:
@@ -128,49 +137,68 @@ class SealStep:
                 self._rescreen()
         task_ids = self._in_frontier(task_ids)
 
-        groups = self._gather(self._roll_out(task_ids))  # every process's groups, in the step's task order
+        # 2-5. Render, roll out, verify and label each task's group (_roll_out); every process's groups, in the
+        # step's task order. Dynamic sampling swaps groups without a learning signal for other tasks' groups.
+        groups = self._gather(self._roll_out(task_ids))
         mine = slice(distributed.rank() * len(task_ids) * G, (distributed.rank() + 1) * len(task_ids) * G)
         rolled_out = len(groups)
         # the rewards of the groups the step drew: dynamic sampling's replacements would bias the reward curve
-        drawn = [[float(d.valid) for _, d in group] for group in groups]
+        drawn = [rewards(diagnosis for _, diagnosis in group) for group in groups]
         if self.recipe.grpo.dynamic_sampling:
             groups, rolled_out = self._fill_with_signal(groups, [group[0][0].task_id for group in groups])
         trajectories = [trajectory for group in groups for trajectory, _ in group]
         diagnoses = [diagnosis for group in groups for _, diagnosis in group]
-        rewards = [1.0 if d.valid else 0.0 for d in diagnoses]
-        # 5b. The local model explains new failures; its label counts only if the recipe makes it the authority.
-        # (Rank 0's diagnoser, for every process's trajectories.)
-        explained, report = distributed.on_main(lambda: self._explain(trajectories, diagnoses))
-        labels = [self._labels(diagnosis, answers) for diagnosis, answers in zip(diagnoses, explained)]
+        reward = rewards(diagnoses)
+        # 5, the local model's part: it explains new failures; its label counts only if the recipe makes it the
+        # authority. (Rank 0's diagnoser, for every process's trajectories.)
+        answers, report = distributed.on_main(lambda: self._explain(trajectories, diagnoses))
+        labels = [self._labels(diagnosis, turn_answers) for diagnosis, turn_answers in zip(diagnoses, answers)]
 
         # 6. Update the failure statistics C_t.
-        for trajectory_labels, reward in zip(labels, rewards):
-            self.statistics.add(trajectory_labels, reward)
-        # 10, first half (before weighting, §5): closed-loop update of the label utilities rho.
+        for trajectory_labels, trajectory_reward in zip(labels, reward):
+            self.statistics.add(trajectory_labels, trajectory_reward)
+        # 7. Group advantages.
+        advantages = [a for start in range(0, len(reward), G) for a in group_advantages(reward[start : start + G])]
+        # 8. Diagnosis weights, then weighted advantages. The weights read rho after this step's closed-loop
+        # update from C_t (§5), which the paper lists under step 10.
         if self.recipe.grpo.closed_loop:
             self.utilities = update_utilities(
                 self.utilities, self.statistics.window_counts, self.statistics.window_mean_reward(), self.bases
             )
-        # 7. Group advantages.  8. Diagnosis weights, then weighted advantages.
-        advantages = [a for start in range(0, len(rewards), G) for a in group_advantages(rewards[start : start + G])]
         if self.recipe.grpo.diagnosis_weighting:
             weights = [diagnosis_weight(trajectory_labels, self.utilities) for trajectory_labels in labels]
         else:
-            weights = [1.0] * len(rewards)
-        final = weighted_advantages(advantages, weights, self.recipe.grpo.apply_to)
+            weights = [1.0] * len(reward)
+        weighted = weighted_advantages(advantages, weights, self.recipe.grpo.apply_to)
 
-        # 10, second half: evolve the training interface from C_t for the next step (stored with this step).
-        new_version = self._evolve_interface(explained, diagnoses)
+        # 9. The policy update is TRL's, on the batch returned below. 10 needs only C_t, so it runs first:
+        # 10. Evolve the training interface from C_t for the next step (stored with this step).
+        evolved = self._evolve_interface(answers, diagnoses)
         metrics = {}
-        if self.store is not None:
-            metrics = self._record(trajectories, diagnoses, explained, report, labels, advantages, weights, final,
-                                   started, new_version, rolled_out, drawn)
-        if new_version:
-            self.interface, self.version = new_version
+        if self.store is not None:  # rank 0 records the step, all processes' trajectories
+            metrics = self._save(step_records(
+                step=self.step, started=started, rollout_seconds=time.time() - started, phase_seconds=timing.take(),
+                tasks=self.tasks, scored=Scored(trajectories, diagnoses, answers, labels, advantages, weights,
+                                                weighted),
+                drawn=drawn, rolled_out=rolled_out, recipe=self.recipe, interface=self.interface,
+                version=self.version, evolved=evolved, statistics=self.statistics, utilities=self.utilities,
+                frontier=self.frontier, rescreened=self.rescreened, report=report))
+        if evolved:
+            self.interface, self.version = evolved
         self.progress.step_finished(self.step, metrics)
+        self.rollouts_done_at = time.time()
         if distributed.world_size() == 1:
-            return RolloutBatch.from_trajectories(trajectories, rewards, final)
-        return RolloutBatch.from_trajectories(trajectories[mine], rewards[mine], final[mine], any(final))
+            return RolloutBatch.from_trajectories(trajectories, reward, weighted)
+        return RolloutBatch.from_trajectories(trajectories[mine], reward[mine], weighted[mine], any(weighted))
+
+    def _save(self, records: StepRecords) -> dict[str, float]:
+        """Write the step's rows in one transaction; its metrics, with the seconds that took."""
+        started = time.perf_counter()
+        self.store.save_step(records.step, records.trajectories, records.turns, records.metrics, records.diagnoses,
+                             records.interface_version)
+        seconds = {STORE_SECONDS.name: time.perf_counter() - started}
+        self.store.save_metrics(self.step, seconds)
+        return records.metrics | seconds
 
     def _rescreen(self) -> None:
         """Screen every task again with the current policy (rank 0's, for all processes) and draw from the new
@@ -196,17 +224,17 @@ class SealStep:
         swaps = dict(zip(outside, free, strict=False))
         return [swaps.get(task_id, task_id) for task_id in task_ids]
 
-    def _gather(self, groups: list) -> list:
+    def _gather(self, groups: list[Group]) -> list[Group]:
         """Every process's groups, in rank order (this process's own in one process); rank 0 shows the others'."""
         if distributed.world_size() == 1:
             return groups
         shares = distributed.gather(groups)
         for rank, share in enumerate(shares):
             for group in share if rank != distributed.rank() else ():
-                self.progress.task_done(group[0][0].task_id, [float(d.valid) for _, d in group])
+                self.progress.task_done(group[0][0].task_id, rewards(d for _, d in group))
         return [group for share in shares for group in share]
 
-    def _roll_out(self, task_ids: list[str]) -> list[list[tuple[Trajectory, EpisodeDiagnosis]]]:
+    def _roll_out(self, task_ids: list[str]) -> list[Group]:
         """Steps 2-5 for each task: one group of G (trajectory, diagnosis) pairs per task."""
         if not task_ids:
             return []
@@ -223,14 +251,14 @@ class SealStep:
                 # 5. Diagnose every ground-truth turn from executable evidence.
                 with timing.phase("verify"):
                     groups.append([(t, diagnose_episode(task, t.turns)) for t in trajectories])
-                self.progress.task_done(task.id, [float(d.valid) for _, d in groups[-1]])
+                self.progress.task_done(task.id, rewards(d for _, d in groups[-1]))
         return groups
 
-    def _fill_with_signal(self, groups, task_ids: list[str]):
+    def _fill_with_signal(self, groups: list[Group], task_ids: list[str]) -> tuple[list[Group], int]:
         """Dynamic sampling: replace groups whose rewards are all equal by groups of other tasks of the pool (in an
         order fixed by seed and step) that have a signal, within ``grpo.dynamic_sampling`` extra groups. Replaced
         groups are dropped, as in DAPO: they reach neither the store, the statistics nor the update."""
-        def has_signal(group) -> bool:
+        def has_signal(group: Group) -> bool:
             return len({d.valid for _, d in group}) > 1
 
         spare = [task_id for task_id in self.frontier if task_id not in task_ids]
@@ -245,10 +273,11 @@ class SealStep:
                     groups[empty.pop(0)] = new
         return groups, rolled_out
 
-    def _evolve_interface(self, explained, diagnoses) -> tuple[TrainingInterface, int] | None:
+    def _evolve_interface(self, answers: list[dict[int, Explanation]],
+                          diagnoses: list[EpisodeDiagnosis]) -> tuple[TrainingInterface, int] | None:
         """phi_cap's lines for the next step; a new (interface, version) when they change, else None."""
-        for diagnosis, answers in zip(diagnoses, explained):
-            for index, answer in answers.items():
+        for diagnosis, turn_answers in zip(diagnoses, answers):
+            for index, answer in turn_answers.items():
                 if answer.status == "ok":
                     self.diagnoser_hints[diagnosis.labels[index]] = answer.recovery_hint
         if not self.recipe.interface.capability_hints:
@@ -259,37 +288,20 @@ class SealStep:
             return None
         return dataclasses.replace(self.interface, guidelines=guidelines), self.version + 1
 
-    def _version_row(self, interface: TrainingInterface, version: int, parent: int | None) -> dict:
-        config = self.recipe.interface
-        added = [line for line in interface.guidelines if line not in self.interface.guidelines]
-        removed = [line for line in self.interface.guidelines if line not in interface.guidelines]
-        reason = "; ".join([f"guideline added: {line}" for line in added] +
-                           [f"guideline removed: {line}" for line in removed]) or "initial training interface"
-        statistics = {"counts": dict(self.statistics.window_counts),
-                      "mean_rewards": self.statistics.window_mean_reward()} if parent else {}
-        return {
-            "version": version, "parent": parent, "step": self.step, "reason": reason,
-            "components": {"schema_cues": config.schema_cues, "recovery_feedback": config.recovery_feedback,
-                           "capability_hints": config.capability_hints, "hints": config.hints,
-                           "tool_format": config.tool_format},
-            "system_prompt_cues": SCHEMA_CUE_LINE if config.schema_cues else "",
-            "guidelines": list(interface.guidelines),
-            "statistics": statistics,
-        }
-
-    def _explain(self, trajectories, diagnoses) -> tuple[list[dict[int, Explanation]], StepReport | None]:
+    def _explain(self, trajectories: list[Trajectory],
+                 diagnoses: list[EpisodeDiagnosis]) -> tuple[list[dict[int, Explanation]], StepReport | None]:
         """Per trajectory, the diagnoser's answers by turn index (only turns it answered)."""
-        explained = [{} for _ in trajectories]
+        by_turn: list[dict[int, Explanation]] = [{} for _ in trajectories]
         if self.diagnoser is None:
-            return explained, None
+            return by_turn, None
         cases = [(position, index, case)
                  for position, (trajectory, diagnosis) in enumerate(zip(trajectories, diagnoses))
                  for index, case in failed_turns(self.tasks[trajectory.task_id], trajectory.turns, diagnosis).items()]
         answers, report = self.diagnoser.explain([case for _, _, case in cases])
         for (position, index, _), answer in zip(cases, answers):
             if answer is not None:
-                explained[position][index] = answer
-        return explained, report
+                by_turn[position][index] = answer
+        return by_turn, report
 
     def _labels(self, diagnosis: EpisodeDiagnosis, answers: dict[int, Explanation]) -> list[str]:
         """The labels that count for C_t and the weights: the rule's, or the model's valid refinements."""
@@ -299,117 +311,3 @@ class SealStep:
                 if answer.status == "ok":
                     labels[index] = answer.label
         return labels
-
-    def _record(self, trajectories, diagnoses, explained, report, labels, advantages, weights, final, started,
-                new_version, rolled_out, drawn) -> dict:
-        rewards = [1.0 if d.valid else 0.0 for d in diagnoses]
-        G = self.recipe.rollout.num_generations
-        groups = [rewards[start : start + G] for start in range(0, len(rewards), G)]
-        turn_rows = [row for trajectory, diagnosis, answers in zip(trajectories, diagnoses, explained)
-                     for row in _turn_rows(self.step, self.tasks[trajectory.task_id], trajectory, diagnosis, answers)]
-        rows = []
-        for trajectory, reward, advantage, weight, weighted in zip(trajectories, rewards, advantages, weights, final):
-            rows.append({
-                "id": trajectory_id(self.step, trajectory),
-                "step": self.step,
-                "task_id": trajectory.task_id,
-                "group_index": trajectory.group_index,
-                "reward": reward,
-                "advantage": advantage,
-                "weight": weight,
-                "weighted_advantage": weighted,
-                "num_model_calls": trajectory.num_model_calls,
-                "num_tokens": len(trajectory.prompt_ids) + len(trajectory.completion_ids),
-                "num_model_tokens": sum(trajectory.env_mask),
-                "stop_reason": trajectory.stop_reason,
-                "interface_version": self.version,
-                "messages": trajectory.messages,
-            })
-        counts = Counter(label for trajectory_labels in labels for label in trajectory_labels)
-        counted = sum(n for label, n in counts.items() if label not in EXCLUDED_LABELS) or 1
-        metrics = {
-            "reward/mean": sum(map(sum, drawn)) / sum(map(len, drawn)),
-            "reward/update_mean": sum(rewards) / len(rewards),  # differs from reward/mean after dynamic sampling
-            "verdict/irrelevance_pass_rate": sum(d.irrelevance_valid for d in diagnoses) / len(diagnoses),  # not a reward
-            "grpo/weight_mean": sum(weights) / len(weights),
-            "grpo/weight_min": min(weights),
-            "grpo/weight_max": max(weights),
-            "grpo/advantage_abs_mean": sum(abs(a) for a in final) / len(final),
-            "grpo/groups_with_signal": share_with_signal(groups),
-            "sampling/groups_rolled_out": rolled_out,
-            "sampling/drawn_groups_with_signal": share_with_signal(drawn),
-            "interface/version": self.version,
-            "interface/guidelines": len(self.interface.guidelines),
-            "time/rollout_s": time.time() - started,
-            "tokens/model": sum(row["num_model_tokens"] for row in rows),
-            "tokens/total": sum(row["num_tokens"] for row in rows),
-        }
-        if self.recipe.data.rescreen_every:
-            metrics["screen/frontier_tasks"] = len(self.frontier)
-        if self.rescreened:
-            metrics["screen/rescreen_kept"], metrics["screen/rescreened_tasks"] = self.rescreened
-        metrics |= {f"labels/{label}": n for label, n in counts.items()}
-        metrics |= {f"labels/{label}_rate": n / counted for label, n in counts.items() if label not in EXCLUDED_LABELS}
-        metrics |= {f"rho/{label}": value for label, value in self.utilities.items()}
-        metrics |= {f"time/{name}_s": seconds for name, seconds in timing.take().items()}
-        step_row = {
-            "step": self.step,
-            "started_at": started,
-            "reward_mean": metrics["reward/mean"],
-            "weight_min": metrics["grpo/weight_min"],
-            "weight_max": metrics["grpo/weight_max"],
-            "interface_version": self.version,
-            "num_trajectories": len(rows),
-        }
-        if report is not None:
-            metrics |= report.metrics()
-            pairs = [(answer.label, diagnosis.labels[index]) for diagnosis, answers in zip(diagnoses, explained)
-                     for index, answer in answers.items() if answer.status == "ok"]
-            if pairs:  # how often the model's label agrees with the rule label
-                metrics["diagnoser/label_agreement"] = sum(model == rule for model, rule in pairs) / len(pairs)
-        version_row = self._version_row(*new_version, self.version) if new_version else None
-        started_store = time.perf_counter()
-        self.store.save_step(step_row, rows, turn_rows, metrics, [answer.row() for answer in report.new] if report else [],
-                             version_row)
-        metrics["time/store_s"] = time.perf_counter() - started_store
-        self.store.save_metrics(self.step, {"time/store_s": metrics["time/store_s"]})
-        self.rollouts_done_at = time.time()
-        return metrics
-
-
-def interface_for_task(interface: TrainingInterface, task: Task) -> TrainingInterface:
-    """The interface for one task, with any of its ground-truth argument values that its own conversation does
-    not show removed from the guidelines (a diagnoser hint learned on another task could carry one)."""
-    if not interface.guidelines:
-        return interface
-    visible = json.dumps(task.visible_functions(len(task.turns) - 1)) + " ".join(
-        task.user_message(index) for index in range(len(task.turns)))
-    hidden = argument_values([call for turn in task.ground_truth for call in turn])
-    guarded = tuple(redact_unseen_values(line, hidden, visible)[0] for line in interface.guidelines)
-    return dataclasses.replace(interface, guidelines=guarded)
-
-
-def trajectory_id(step: int, trajectory: Trajectory) -> str:
-    return f"s{step}-{trajectory.task_id}-g{trajectory.group_index}"
-
-
-def _turn_rows(step: int, task: Task, trajectory: Trajectory, diagnosis: EpisodeDiagnosis,
-               answers: dict[int, Explanation]) -> list[dict]:
-    rows = []
-    for index, turn in enumerate(diagnosis.turns):
-        record = trajectory.turns[index] if index < len(trajectory.turns) else None
-        outcomes = record.outcomes if record else []
-        rows.append({
-            "trajectory_id": trajectory_id(step, trajectory),
-            "turn_index": index,
-            "user_text": record.user_text if record else task.user_message(index),
-            "model_calls": [o.shown for o in outcomes],
-            "results": [o.result[:500] for o in outcomes],
-            "gt_calls": task.ground_truth[index],
-            "label": turn.label,
-            "cause": turn.cause,
-            "diagnosis_key": answers[index].key if index in answers else None,
-            "evidence": {"differences": turn.evidence.differences, "gt_error": turn.evidence.gt_error,
-                         "checker_error": turn.evidence.checker_error, "statuses": [o.status for o in outcomes]},
-        })
-    return rows

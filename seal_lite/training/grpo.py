@@ -2,9 +2,8 @@
 
 How SEAL plugs into GRPOTrainer, through its extension points:
 
-* ``rollout_func`` receives the step's prompts (task ids, each repeated G times, as trl 1.14.2 does) and
-  calls back into the SEAL loop, which rolls out, verifies, diagnoses and weights; it returns the token ids
-  with ``env_mask`` so only policy tokens carry loss.
+* ``rollout_func`` calls the SEAL step with the step's task ids (``step_task_ids``: TRL's prompts repeat each G
+  times), which rolls out, verifies, diagnoses and weights; it returns the token ids with ``env_mask``.
 * ``_generate_and_score_completions`` is overridden by the smallest possible amount: TRL's own group
   normalisation (std + 1e-4) is replaced by the SEAL advantages the loop computed, A_j = (r_j - mean) /
   (std + 1e-6) times the diagnosis weight w_j (docs/method.md §2 steps 7-8).
@@ -45,6 +44,7 @@ from transformers import PrinterCallback, TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler, split_tensor_dict
 
+from seal_lite.core import metrics as m
 from seal_lite.core.errors import ModelError
 from seal_lite.core.recipe import Recipe
 from seal_lite.engines import distributed
@@ -53,8 +53,9 @@ from seal_lite.training.shared_prefix import score_completions, supports
 
 if TYPE_CHECKING:
     from seal_lite.core.types import RolloutBatch
+    from seal_lite.engines.store import Store
 
-StepFunction = Callable[[list[str]], "RolloutBatch"]
+StepFunction = Callable[[list[str]], "RolloutBatch"]  # the step's task ids -> its batch for the update
 CHECKPOINT_PREFIX = "checkpoint-"  # transformers' name: checkpoint-<optimizer step>
 
 
@@ -63,23 +64,33 @@ def updates_per_step(recipe: Recipe) -> int:
     return recipe.grpo.mini_batches * recipe.grpo.num_iterations
 
 
+def step_task_ids(prompts: list[str], group: int) -> list[str]:
+    """The step's task ids, once each, from TRL's prompts, which repeat each task ``group`` times in a row."""
+    task_ids = prompts[::group]
+    if prompts != [task_id for task_id in task_ids for _ in range(group)]:
+        raise RuntimeError("expected each task repeated G times in a row, as trl 1.14.2 does; check the trl pin")
+    return task_ids
+
+
 class StoreCallback(TrainerCallback):
     """Write TRL's per-step training figures (loss, KL, clip ratios, LoRA norm) into the run's store, and the
-    seconds the update took after the step's rollouts (``seal_step.rollouts_done_at``)."""
+    seconds the update took after the step's rollouts: ``rollouts_done_at()`` says when they ended (None: unknown,
+    no update time is written)."""
 
-    def __init__(self, store, updates: int, seal_step=None):
-        self.store, self.updates, self.seal_step = store, updates, seal_step
+    def __init__(self, store: Store, updates: int, rollouts_done_at: Callable[[], float | None] | None = None):
+        self.store, self.updates, self.rollouts_done_at = store, updates, rollouts_done_at
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs or state.global_step == 0:
             return
         step = state.global_step // self.updates  # logging_steps = updates: one log per SEAL step, averaged
-        metrics = {f"grpo/{name}": value for name, value in logs.items() if isinstance(value, (int, float))}
+        metrics = {m.TRL_LOG.key(name): value for name, value in logs.items() if isinstance(value, (int, float))}
         model = kwargs.get("model")
         if model is not None:
-            metrics["grpo/lora_norm"] = lora_norm(model)
-        if getattr(self.seal_step, "rollouts_done_at", None):
-            metrics["time/update_s"] = time.time() - self.seal_step.rollouts_done_at
+            metrics[m.LORA_NORM.name] = lora_norm(model)
+        done_at = self.rollouts_done_at() if self.rollouts_done_at else None
+        if done_at:
+            metrics[m.UPDATE_SECONDS.name] = time.time() - done_at
         self.store.save_metrics(step, metrics)
         self.store.update_step(step, {"loss": float(logs["loss"]), "finished_at": time.time()})
 
@@ -107,15 +118,19 @@ class SealGRPOTrainer(GRPOTrainer):
     are scored with each group's shared prefix computed once (``shared_prefix``; see shared_prefix.py)."""
 
     seal_batch: RolloutBatch | None = None
-    max_logprob_gap: float = 1.0
     skip_without_signal: bool = True
-    shared_prefix: bool = False  # build_trainer sets it from grpo.shared_prefix where the backend and model allow
-    group_batches: bool = False  # shuffle the rollout batch by groups (build_trainer: every backend but Unsloth's)
     _loss_positions: torch.Tensor | None = None  # (B, width): the tokens that carry loss in the rows being scored
     _scoring_rollouts: bool = False  # TRL's old/ref passes over the whole rollout batch: its env_mask says which
     _precomputed: tuple | None = None  # log-probs compute_loss already scored for the engine comparison
     _engine_gaps: list | None = None  # on-policy engine comparison: gaps of the rows compared so far, and
     _engine_rows_left: int = 0  # the rollout batch's rows not yet compared
+
+    def __init__(self, *args, max_logprob_gap: float = 1.0, shared_prefix: bool = False, group_batches: bool = False,
+                 **kwargs):
+        """GRPOTrainer's arguments; the largest engine log-prob gap a token keeps its loss at; whether to score with
+        shared prefixes; whether to shuffle the rollout batch by groups (every backend but Unsloth's)."""
+        super().__init__(*args, **kwargs)
+        self.max_logprob_gap, self.shared_prefix, self.group_batches = max_logprob_gap, shared_prefix, group_batches
 
     def _get_train_sampler(self, dataset=None) -> ResumableRepeatSampler:
         sampler = super()._get_train_sampler(dataset)
@@ -241,9 +256,10 @@ class SealGRPOTrainer(GRPOTrainer):
         """The agreement of the two engines over a rollout batch's loss tokens."""
         if gap.numel():
             metrics = self._metrics["train"]
-            metrics["engine/logprob_gap_mean"].append(gap.mean().item())
-            metrics["engine/logprob_gap_max"].append(gap.max().item())
-            metrics["engine/filtered_share"].append((gap > self.max_logprob_gap).float().mean().item())
+            logged = m.TRL_LOG.value_of  # the name under TRL's log, which StoreCallback stores under grpo/
+            metrics[logged(m.ENGINE_GAP_MEAN.name)].append(gap.mean().item())
+            metrics[logged(m.ENGINE_GAP_MAX.name)].append(gap.max().item())
+            metrics[logged(m.ENGINE_FILTERED_SHARE.name)].append((gap > self.max_logprob_gap).float().mean().item())
 
 
 class ResumableRepeatSampler(RepeatSampler):
@@ -348,7 +364,7 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
     )
 
     def rollout_func(prompts: list[str], trainer) -> dict:
-        batch = seal_step(prompts)
+        batch = seal_step(step_task_ids(prompts, group))
         check_width(batch, policy.max_sequence_width)
         trainer.seal_batch = batch
         return {
@@ -372,11 +388,11 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         peft_config=policy.peft_config,
         rollout_func=rollout_func,
         callbacks=list(callbacks),
+        max_logprob_gap=recipe.rollout.max_logprob_gap,
+        shared_prefix=shared_prefix,
+        group_batches=policy.backend != "unsloth",
     )
     check_trainer(trainer, policy.backend)
     trainer.remove_callback(PrinterCallback)  # the run shows its own progress; figures go to the store
     keep_trainable_fp32(trainer.model)  # undoes trl's bf16 cast of LoRA weights on 4-bit models
-    trainer.max_logprob_gap = recipe.rollout.max_logprob_gap
-    trainer.shared_prefix = shared_prefix
-    trainer.group_batches = policy.backend != "unsloth"
     return trainer

@@ -56,7 +56,7 @@ def test_in_process_diagnoses_real_failures_and_caches_them_in_the_store(tmp_pat
     with Diagnoser(config(), SMOL, lookup=store.diagnosis) as diagnoser:
         step = SealStep(recipe, store, {task.id: task}, None, diagnoser=diagnoser)
         step.generator = ScriptedGenerator(smol_tokenizer, [wrong, wrong])
-        step([task.id, task.id])
+        step([task.id])
         first = dict(store.db.execute("select name, value from metrics where step = 1 and name like 'diagnoser/%'").fetchall())
         # two identical failing episodes: 4 failed turns, 2 distinct failures, each asked once
         assert (first["diagnoser/turns"], first["diagnoser/unique"], first["diagnoser/asked"]) == (4, 2, 2)
@@ -71,7 +71,7 @@ def test_in_process_diagnoses_real_failures_and_caches_them_in_the_store(tmp_pat
         assert {row["key"] for row in explained} == linked and all(row["model"] for row in explained)
 
         step.generator = ScriptedGenerator(smol_tokenizer, [wrong, wrong])
-        step([task.id, task.id])  # the same failures again: all from the store
+        step([task.id])  # the same failures again: all from the store
         second = dict(store.db.execute("select name, value from metrics where step = 2 and name like 'diagnoser/%'").fetchall())
         assert (second["diagnoser/cached"], second["diagnoser/asked"]) == (2, 0)
     assert store.db["diagnoses"].count == 2
@@ -88,7 +88,7 @@ def test_rule_labels_weight_unless_the_recipe_makes_the_model_the_authority(tmp_
         with Diagnoser(config(), SMOL, lookup=store.diagnosis) as diagnoser:
             step = SealStep(recipe, store, {task.id: task}, ScriptedGenerator(smol_tokenizer, [wrong, wrong]),
                             diagnoser=diagnoser)
-            step([task.id, task.id])
+            step([task.id])
         (answer,) = list(store.db["diagnoses"].rows)
         counted = {key[len("labels/"):] for key, _ in store.db.execute(
             "select name, value from metrics where name like 'labels/%' and name not like '%_rate'").fetchall()}

@@ -21,7 +21,7 @@ def test_diagnose_lists_trajectories_and_shows_one_turn_by_turn(tmp_path, smol_t
     wrong = [tool_call_text(["cd(folder='document')", "mkdir(dir_name='tmp')"]), "I could not find it."]
     store = Store(tmp_path / "seal.db")
     step = SealStep(recipe, store, {task.id: task}, ScriptedGenerator(smol_tokenizer, [right, wrong]))
-    batch = step([task.id, task.id])
+    batch = step([task.id])
     assert batch.rewards == [1.0, 0.0]
 
     monkeypatch.setattr(console.console, "width", 250)

@@ -23,7 +23,7 @@ def _step(tmp_path, smol_tokenizer, budget, learnable, name):
 def test_groups_without_signal_are_replaced_by_groups_with_one(tmp_path, smol_tokenizer):
     step, generator, store = _step(tmp_path, smol_tokenizer, 3, ["multi_turn_base_3", "multi_turn_base_10"], "fill")
     drawn = ["multi_turn_base_0", "multi_turn_base_3"]  # TRL's draw: the first has no signal
-    batch = step([task_id for task_id in drawn for _ in range(4)])
+    batch = step(drawn)
 
     # every group of the batch now has a signal; multi_turn_base_0's group was dropped for a learnable task's
     groups = [batch.rewards[i : i + 4] for i in (0, 4)]
@@ -41,11 +41,11 @@ def test_groups_without_signal_are_replaced_by_groups_with_one(tmp_path, smol_to
 
 def test_the_budget_bounds_the_extra_groups(tmp_path, smol_tokenizer):
     step, generator, store = _step(tmp_path, smol_tokenizer, 2, [], "budget")  # nothing is learnable
-    batch = step([task_id for task_id in ["multi_turn_base_0", "multi_turn_base_2"] for _ in range(4)])
+    batch = step(["multi_turn_base_0", "multi_turn_base_2"])
     assert len(generator.played) == 2 + 2  # the two drawn groups and exactly the budget of extra ones
     assert batch.rewards == [0.0] * 8 and not any(batch.advantages)
     assert dict(store.metrics("grpo/groups_with_signal"))[1] == 0.0
 
     off, generator, _ = _step(tmp_path, smol_tokenizer, None, [], "off")
-    off([task_id for task_id in ["multi_turn_base_0", "multi_turn_base_2"] for _ in range(4)])
+    off(["multi_turn_base_0", "multi_turn_base_2"])
     assert len(generator.played) == 2

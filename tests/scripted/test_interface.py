@@ -171,7 +171,7 @@ def test_interface_versions_evolve_with_failures_and_are_shown(tmp_path, smol_to
     step = SealStep(recipe, store, {task.id: task}, None)
     for _ in range(2):  # every episode answers in text: 8 empty turns per step
         step.generator = ScriptedGenerator(smol_tokenizer, [["Sure.", "Sure."]] * 4)
-        step([task.id] * 4)
+        step([task.id])
     versions = store.interface_versions()
     assert [v["version"] for v in versions] == [1, 2] and versions[1]["parent"] == 1 and versions[1]["step"] == 1
     assert versions[1]["guidelines"] == [GUIDELINES["empty_turn_model_response"]]

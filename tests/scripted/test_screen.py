@@ -50,13 +50,13 @@ def test_a_rescreen_moves_the_frontier_as_the_policy_learns(tmp_path, smol_token
     first = ["multi_turn_base_0", "multi_turn_base_2"]  # the frontier of the screen before training
     generator = HalfRightOnSome(smol_tokenizer, list(tasks.values()), first)
     step = SealStep(recipe, store, tasks, generator, frontier=first)
-    step([task_id for task_id in first for _ in range(4)])
+    step(first)
     assert generator.played == first and store.screen(1) == {}  # no re-screen before the first step
 
     # the policy has learned: base_0 is mastered, base_5 is now solved sometimes, base_3 still never
     generator.mastered, generator.learnable, generator.played = {"multi_turn_base_0"}, {"multi_turn_base_2",
                                                                                        "multi_turn_base_5"}, []
-    step([task_id for task_id in first for _ in range(4)])  # TRL still draws from the first frontier
+    step(first)  # TRL still draws from the first frontier
     screened = store.screen(2)
     assert {task_id: row["passes"] for task_id, row in screened.items()} == {
         "multi_turn_base_0": 4, "multi_turn_base_2": 2, "multi_turn_base_3": 0, "multi_turn_base_5": 2}
@@ -71,7 +71,7 @@ def test_a_rescreen_moves_the_frontier_as_the_policy_learns(tmp_path, smol_token
 
     # every task mastered: a frontier too small for a step leaves the last one in place
     generator.mastered, generator.learnable = set(tasks), set()
-    step(["multi_turn_base_2"] * 4 + ["multi_turn_base_5"] * 4)
+    step(["multi_turn_base_2", "multi_turn_base_5"])
     assert step.frontier == ["multi_turn_base_2", "multi_turn_base_5"]
     assert dict(store.metrics("screen/rescreen_kept"))[3] == 0
 
