@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from seal_lite.core import metrics as m
 from seal_lite.core.labels import SUCCESS_LABELS
 
 console = Console()
@@ -79,25 +80,23 @@ class RichProgress:
                           f"rewards {[round(reward) for reward in rewards]}", soft_wrap=True)  # one line per group
 
     def step_finished(self, step: int, metrics: dict[str, float]) -> None:
-        failures = {k[7:-5]: v for k, v in metrics.items()
-                    if k.startswith("labels/") and k.endswith("_rate") and k[7:-5] not in SUCCESS_LABELS}
+        failures = {label: rate for label, rate in m.LABEL_RATE.values_in(metrics).items() if label not in SUCCESS_LABELS}
         top = max(failures, key=failures.get) if failures else "none"
-        rollouts = metrics["time/rollout_s"] - metrics.get("diagnoser/seconds", 0) - metrics.get("time/rescreen_s", 0)
-        reward = f"reward {metrics['reward/mean']:.2f}"
-        if metrics.get("reward/update_mean", metrics["reward/mean"]) != metrics["reward/mean"]:  # groups replaced
-            reward += f" (update batch {metrics['reward/update_mean']:.2f})"
-        status = (f"{reward}  weights {metrics['grpo/weight_min']:.2f}-"
-                  f"{metrics['grpo/weight_max']:.2f}  top failure {top}  interface v{metrics['interface/version']:.0f}"
-                  f"  rollouts {rollouts:.0f} s")
-        if "screen/rescreened_tasks" in metrics:
-            status += (f"  re-screen {metrics['time/rescreen_s']:.0f} s ({metrics['screen/rescreen_kept']:.0f} of "
-                       f"{metrics['screen/rescreened_tasks']:.0f} on the frontier; drawing from "
-                       f"{metrics['screen/frontier_tasks']:.0f})")
-        if "diagnoser/seconds" in metrics:
-            status += f"  diagnoser {metrics['diagnoser/seconds']:.0f} s ({metrics['diagnoser/asked']:.0f} asked)"
+        diagnoser_s, rescreen_s = m.DIAGNOSER_COUNTS["seconds"].name, m.PHASE_SECONDS.key("rescreen")
+        rollouts = metrics[m.ROLLOUT_SECONDS.name] - metrics.get(diagnoser_s, 0) - metrics.get(rescreen_s, 0)
+        drawn, taken = metrics[m.REWARD_MEAN.name], metrics.get(m.REWARD_UPDATE_MEAN.name, metrics[m.REWARD_MEAN.name])
+        reward = f"reward {drawn:.2f}" + (f" (update batch {taken:.2f})" if taken != drawn else "")  # groups replaced
+        status = (f"{reward}  weights {metrics[m.WEIGHT_MIN.name]:.2f}-{metrics[m.WEIGHT_MAX.name]:.2f}  top failure "
+                  f"{top}  interface v{metrics[m.INTERFACE_VERSION.name]:.0f}  rollouts {rollouts:.0f} s")
+        if m.RESCREENED_TASKS.name in metrics:
+            status += (f"  re-screen {metrics[rescreen_s]:.0f} s ({metrics[m.RESCREEN_KEPT.name]:.0f} of "
+                       f"{metrics[m.RESCREENED_TASKS.name]:.0f} on the frontier; drawing from "
+                       f"{metrics[m.FRONTIER_TASKS.name]:.0f})")
+        if diagnoser_s in metrics:
+            status += f"  diagnoser {metrics[diagnoser_s]:.0f} s ({metrics[m.DIAGNOSER_COUNTS['asked'].name]:.0f} asked)"
         self.bars.update(self.bar, description=f"step {step}/{self.total_steps} done    ", status=status)
         if not console.is_terminal:  # logs and notebooks get one line per step instead of a live bar
-            no_signal = metrics.get("grpo/advantage_abs_mean") == 0
+            no_signal = metrics.get(m.ADVANTAGE_ABS_MEAN.name) == 0
             update = "no learning signal (each group's rewards are equal)" if no_signal else "policy update follows"
             console.print(f"step {step}/{self.total_steps}: {status}; {update}", soft_wrap=True)  # one line a step
 
