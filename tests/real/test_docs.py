@@ -241,6 +241,12 @@ def test_commands_md_holds_every_commands_current_help():
         assert f"### `{' '.join(('seal-lite', *path))}`" in text
 
 
+def test_store_md_lists_every_metric_as_core_metrics_defines_it():
+    text = (ROOT / "docs" / "store.md").read_text()
+    assert make_docs.current_section(text, make_docs.METRICS_START, make_docs.METRICS_END) == \
+        make_docs.metrics_section(), "docs/store.md's metric list is out of date: run python scripts/make_docs.py"
+
+
 def tour_lines() -> list[str]:
     """The seal-lite lines of the README's tour, in order (the first command of the README runs the quickstart)."""
     readme = (ROOT / "README.md").read_text()
