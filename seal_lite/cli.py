@@ -33,15 +33,13 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
                           help="Override a recipe field, e.g. --set grpo.steps=1 (repeatable; defaults < recipe < --set).")
 out_option = click.option("--out", type=click.Path(file_okay=False), help="The run directory (default runs/<name>; "
                           "`seal-lite run` takes runs/<name>-2, ... if a finished run is there, resumes an unfinished one).")
+run_argument = click.argument("run_dir", metavar="RUN", type=click.Path(exists=True))
+json_output = click.option("--json", "as_json", is_flag=True, help="Print JSON (an object, or a line per row).")
 
 
 def recipe_options(command):
     """RECIPE, --set and --out, for every command that reads a recipe."""
     return click.argument("recipe", required=False, type=click.Path(dir_okay=False))(set_option(out_option(command)))
-
-
-run_argument = click.argument("run_dir", metavar="RUN", type=click.Path(exists=True))
-json_output = click.option("--json", "as_json", is_flag=True, help="Print JSON (an object, or a line per row).")
 
 
 def _load(recipe_path, overrides, out: str | None = None, processes: int = 1):
@@ -52,10 +50,8 @@ def _load(recipe_path, overrides, out: str | None = None, processes: int = 1):
 @click.group(cls=SealLiteGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="seal-lite")
 def main():
-    """seal-lite: train a tool-using agent with SEAL (diagnosis-weighted GRPO on BFCL multi-turn tasks).
-
-    Start with `seal-lite run` (the CPU quickstart), then `seal-lite diagnose runs/quickstart`.
-    """
+    """seal-lite: train a tool-using agent with SEAL (diagnosis-weighted GRPO on BFCL multi-turn tasks); start with
+    `seal-lite run` (the CPU quickstart), then `seal-lite diagnose runs/quickstart`."""
 
 
 def _relaunch_arguments(recipe, out, overrides, overwrite) -> list[str]:
@@ -81,7 +77,6 @@ def run(recipe, overrides, out, overwrite, processes):
       seal-lite run recipes/quickstart.yaml --set grpo.steps=1 --out runs/try
     """
     from seal_lite.console import RichProgress, print_recipe, print_summary
-    from seal_lite.core.types import NoProgress
 
     launched = api.launched_processes()
     if processes > 1 and launched > 1 and processes != launched:
@@ -97,7 +92,7 @@ def run(recipe, overrides, out, overwrite, processes):
         print_recipe(config, out_dir)
 
     main_process = api.is_main_process()
-    with RichProgress(config.grpo.steps) if main_process else contextlib.nullcontext(NoProgress()) as progress:
+    with RichProgress(config.grpo.steps) if main_process else contextlib.nullcontext() as progress:
         summary = api.run(config, out, overwrite=overwrite, progress=progress, on_start=announce)
     if main_process:
         print_summary(summary)
@@ -252,9 +247,7 @@ def recipe(recipe, overrides, out, fields):
     import yaml
 
     if fields:
-        for name, default, description in describe_fields():
-            click.echo(f"{name} = {default}\n    {description}")
-        return
+        return click.echo("\n".join(f"{name} = {default}\n    {meaning}" for name, default, meaning in describe_fields()))
     click.echo(yaml.safe_dump(_load(recipe, overrides, out=out).model_dump(), sort_keys=False).rstrip())
 
 
@@ -275,18 +268,13 @@ def verify(input_file, output_file, workers):
       seal-lite verify --input calls.jsonl --output scored.jsonl
       echo '{"id": "multi_turn_base_0", "turns": [[], [], [], []]}' | seal-lite verify --input -
     """
-    from rich.console import Console
-    from rich.progress import track
-
-    lines, stderr = input_file.readlines(), Console(stderr=True)
-    records, scored = api.verify(lines, workers=workers), []
-    if stderr.is_terminal:  # a bar for long files; pipes and logs get only the summary
-        records = track(records, total=sum(1 for line in lines if line.strip()), description="verifying",
-                        console=stderr, transient=True)
-    for record in records:
-        output_file.write(json.dumps(record) + "\n")
-        output_file.flush()  # a reader of the pipe sees each line as soon as it is scored
-        scored.append(record)
+    lines, scored = input_file.readlines(), []
+    with click.progressbar(api.verify(lines, workers=workers), length=sum(1 for line in lines if line.strip()),
+                           label="verifying", file=sys.stderr, hidden=not sys.stderr.isatty()) as records:
+        for record in records:
+            output_file.write(json.dumps(record) + "\n")
+            output_file.flush()  # a reader of the pipe sees each line as soon as it is scored
+            scored.append(record)
     click.echo(api.verify_summary(scored), err=True)
 
 
@@ -338,8 +326,7 @@ def interface_show(run_dir, number, as_json):
 
     chosen, versions = api.interface_version(run_dir, number), api.interface_versions(run_dir)
     if as_json:
-        click.echo(json.dumps(chosen if number is not None else list(versions.values()), indent=2))
-        return
+        return click.echo(json.dumps(chosen if number is not None else list(versions.values()), indent=2))
     for row in versions.values():
         click.echo(f"v{row['version']}  step {row['step']}  parent {row['parent'] or '-'}  {row['reason']}")
     click.echo(f"\nversion {chosen['version']}:\n{describe_version(chosen)}")
