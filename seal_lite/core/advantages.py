@@ -9,6 +9,7 @@ import math
 from collections import Counter
 
 from seal_lite.core.labels import BASE_UTILITY, EXCLUDED_LABELS
+from seal_lite.core.types import Label
 
 STD_EPS = 1e-6
 WEIGHT_MIN, WEIGHT_MAX = 0.5, 2.0
@@ -86,7 +87,7 @@ def update_utilities(
     total = sum(count for label, count in label_counts.items() if label not in EXCLUDED_LABELS)
     updated = dict(utilities)
     for label, base in (bases or initial_utilities()).items():
-        if label == "pass":
+        if label == Label.PASS:
             updated[label] = base
             continue
         count = label_counts.get(label, 0)

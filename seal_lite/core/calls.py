@@ -28,10 +28,6 @@ MAX_VALUE_DEPTH = 20
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _STRICT_BLOCK = re.compile(r"<tool_call>\s*\n?({.*?})\s*\n?</tool_call>", re.DOTALL)  # the release's pattern
-PARSERS = ("strict", "lenient")
-# Statuses of an attempted call that never ran: unparseable, naming a tool the turn does not show, or sent in the
-# same message as such a call under the strict parser. None of them is a decoded call (docs/method.md §8).
-REJECTED = ("parse_error", "unknown_tool", "rejected")
 _CODE_FENCE = re.compile(r"```(?:python|py|json)?\s*(.*?)```", re.DOTALL)
 _CALL_START = re.compile(r"\[?\s*[A-Za-z_][\w.]*\(")
 _JSON_STRING = re.compile(r'"(?:\\.|[^"\\])*"')

@@ -27,8 +27,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from seal_lite.core.calls import REJECTED
 from seal_lite.core.explainer import argument_values, redact_unseen_values
+from seal_lite.core.types import REJECTED, CallStatus, Label
 
 # The tool block, byte for byte as the SEAL release's tools_schema_to_qwen_prompt("bfcl_qwen_fc") writes it.
 TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -187,9 +187,9 @@ ERROR_HINTS = [
 def recovery_feedback(status: str, result: str, visible: list[str]) -> str:
     """phi_err: one hint for a failed call, chosen from the error text (docs/method.md §4)."""
     tools = ", ".join(sorted(visible))
-    if status == "parse_error":
+    if status == CallStatus.PARSE_ERROR:
         return PARSE_HINT.format(tools=tools)
-    if status == "unknown_tool":
+    if status == CallStatus.UNKNOWN_TOOL:
         return f"Use only the listed tools: {tools}."
     for _, pattern, hint in ERROR_HINTS:
         match = re.search(pattern, result, re.IGNORECASE)
@@ -201,11 +201,11 @@ def recovery_feedback(status: str, result: str, visible: list[str]) -> str:
 # --- phi_cap: capability guidelines -----------------------------------------------------------------------
 
 GUIDELINES = {  # one template line per failure label
-    "spurious_tool_call": "If none of the tools can do what the user asks, say so in plain text instead of calling one.",
-    "empty_turn_model_response": "When a request needs an action, call the tools; do not only describe what you would do.",
-    "instance_mismatch": "Use the tools of the service the request is about.",
-    "state_mismatch": "Check names and values against the request before acting; inspect the current state when unsure.",
-    "response_mismatch": "Call the tools that show the user what they asked for, and report the results.",
+    Label.SPURIOUS_TOOL_CALL: "If none of the tools can do what the user asks, say so in plain text instead of calling one.",
+    Label.EMPTY_TURN_MODEL_RESPONSE: "When a request needs an action, call the tools; do not only describe what you would do.",
+    Label.INSTANCE_MISMATCH: "Use the tools of the service the request is about.",
+    Label.STATE_MISMATCH: "Check names and values against the request before acting; inspect the current state when unsure.",
+    Label.RESPONSE_MISMATCH: "Call the tools that show the user what they asked for, and report the results.",
 }
 MIN_COUNT, MIN_PREVALENCE, MAX_REWARD, MAX_LINES = 8, 0.10, 0.6, 3
 

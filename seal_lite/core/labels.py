@@ -7,52 +7,52 @@ finer failure kind the paper names, in the paper's priority order.
 
 from __future__ import annotations
 
-from seal_lite.core.types import TurnEvidence
+from seal_lite.core.types import Label, TurnEvidence
 
 # label -> base utility rho_z (None: excluded from weighting and statistics)
-BASE_UTILITY: dict[str, float | None] = {
-    "gt_error": None,
-    "spurious_tool_call": 2.0,
-    "correct_abstention": 1.8,
-    "empty_turn_model_response": 1.5,
-    "instance_mismatch": 0.6,
-    "checker_error": None,
-    "state_mismatch": 1.0,
-    "response_mismatch": 0.9,
-    "pass": 1.0,
+BASE_UTILITY: dict[Label, float | None] = {
+    Label.GT_ERROR: None,
+    Label.SPURIOUS_TOOL_CALL: 2.0,
+    Label.CORRECT_ABSTENTION: 1.8,
+    Label.EMPTY_TURN_MODEL_RESPONSE: 1.5,
+    Label.INSTANCE_MISMATCH: 0.6,
+    Label.CHECKER_ERROR: None,
+    Label.STATE_MISMATCH: 1.0,
+    Label.RESPONSE_MISMATCH: 0.9,
+    Label.PASS: 1.0,
 }
 EXCLUDED_LABELS = frozenset(label for label, utility in BASE_UTILITY.items() if utility is None)
-SUCCESS_LABELS = frozenset({"pass", "correct_abstention"})
+SUCCESS_LABELS = frozenset({Label.PASS, Label.CORRECT_ABSTENTION})
 CAUSES = ("invalid_tool_call", "argument_mismatch", "state_mismatch", "recovery_failure", "missing_tool_call",
           "response_mismatch")  # the paper's priority order
 # The official checker's error type for the first turn it fails, and the label seal-lite gives that turn.
 OFFICIAL_ERROR_LABELS = {
-    "multi_turn:empty_turn_model_response": "empty_turn_model_response",
-    "multi_turn:instance_state_mismatch": "state_mismatch",
-    "multi_turn:execution_response_mismatch": "response_mismatch",
-    "checker_error": "checker_error",
+    "multi_turn:empty_turn_model_response": Label.EMPTY_TURN_MODEL_RESPONSE,
+    "multi_turn:instance_state_mismatch": Label.STATE_MISMATCH,
+    "multi_turn:execution_response_mismatch": Label.RESPONSE_MISMATCH,
+    "checker_error": Label.CHECKER_ERROR,
 }
 
-def label_turn(evidence: TurnEvidence) -> tuple[str, str | None]:
+def label_turn(evidence: TurnEvidence) -> tuple[Label, str | None]:
     """Return (label, cause) for one ground-truth turn; cause is None for success labels."""
     e = evidence
     if e.gt_error:
-        label = "gt_error"
+        label = Label.GT_ERROR
     elif e.gt_calls == 0:
         # rejected attempts are no calls (docs/method.md §8): only accepted ones make a turn spurious
-        label = "spurious_tool_call" if e.decoded_calls > 0 else "correct_abstention"
+        label = Label.SPURIOUS_TOOL_CALL if e.decoded_calls > 0 else Label.CORRECT_ABSTENTION
     elif e.decoded_calls == 0:
-        label = "empty_turn_model_response"
+        label = Label.EMPTY_TURN_MODEL_RESPONSE
     elif not e.instances_match:
-        label = "instance_mismatch"
+        label = Label.INSTANCE_MISMATCH
     elif e.checker_error:
-        label = "checker_error"
+        label = Label.CHECKER_ERROR
     elif not e.state_match:
-        label = "state_mismatch"
+        label = Label.STATE_MISMATCH
     elif not e.response_match:
-        label = "response_mismatch"
+        label = Label.RESPONSE_MISMATCH
     else:
-        label = "pass"
+        label = Label.PASS
     if label in SUCCESS_LABELS or label in EXCLUDED_LABELS:
         return label, None
     return label, failure_cause(e, label)
@@ -77,12 +77,12 @@ def failure_cause(e: TurnEvidence, label: str) -> str | None:
         return "invalid_tool_call"
     if e.argument_errors:
         return "argument_mismatch"
-    if label in ("state_mismatch", "instance_mismatch"):
+    if label in (Label.STATE_MISMATCH, Label.INSTANCE_MISMATCH):
         return "state_mismatch"
     if e.unrepaired_tool_error:
         return "recovery_failure"
-    if label == "spurious_tool_call":
+    if label == Label.SPURIOUS_TOOL_CALL:
         return None  # the call itself is the failure; none of the paper's kinds fits better
-    if label == "empty_turn_model_response" or e.decoded_calls < e.gt_calls:
+    if label == Label.EMPTY_TURN_MODEL_RESPONSE or e.decoded_calls < e.gt_calls:
         return "missing_tool_call"
     return "response_mismatch"

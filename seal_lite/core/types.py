@@ -12,10 +12,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from seal_lite.core.calls import REJECTED, ToolCall
+from seal_lite.core.calls import ToolCall
 
 
-class CallStatus(StrEnum):
+class _Name(StrEnum):
+    """A string with a name: shown, printed in lists and stored exactly as the plain string it equals."""
+
+    __repr__ = str.__repr__
+
+
+class CallStatus(_Name):
     """What became of one call in a model message."""
 
     OK = "ok"
@@ -26,7 +32,26 @@ class CallStatus(StrEnum):
     REJECTED = "rejected"  # refused before it ran (the official service's invalid format)
 
 
-class StopReason(StrEnum):
+class Label(_Name):
+    """A ground-truth turn's failure label (docs/method.md §3), one per turn; the rule is core/labels.py."""
+
+    GT_ERROR = "gt_error"
+    SPURIOUS_TOOL_CALL = "spurious_tool_call"
+    CORRECT_ABSTENTION = "correct_abstention"
+    EMPTY_TURN_MODEL_RESPONSE = "empty_turn_model_response"
+    INSTANCE_MISMATCH = "instance_mismatch"
+    CHECKER_ERROR = "checker_error"
+    STATE_MISMATCH = "state_mismatch"
+    RESPONSE_MISMATCH = "response_mismatch"
+    PASS = "pass"
+
+
+# Statuses of an attempted call that never ran: unparseable, naming a tool the turn does not show, or sent in the
+# same message as such a call under the strict parser. None of them is a decoded call (docs/method.md §8).
+REJECTED = frozenset({CallStatus.PARSE_ERROR, CallStatus.UNKNOWN_TOOL, CallStatus.REJECTED})
+
+
+class StopReason(_Name):
     """Why an episode ended."""
 
     DONE = "done"  # every user turn was played
@@ -67,7 +92,7 @@ class TurnEvidence:
 class CallOutcome:
     call: ToolCall | None  # None when the text could not be parsed
     result: str
-    status: str  # "ok" | "tool_error" | "argument_error" | one of REJECTED
+    status: CallStatus
     canonical: str = ""  # the call as dispatched, in BFCL python form (tools may later mutate argument lists)
     exists: bool = True  # the call names a method of the task's classes (visible this turn or not)
 
@@ -89,7 +114,7 @@ class CallOutcome:
         these calls; labels count accepted calls only (``TurnEvidence.decoded_calls``), as in the SEAL release."""
         if self.executed:
             return self.canonical
-        return NO_SUCH_FUNCTION_CALL if self.status == "unknown_tool" and not self.exists else None
+        return NO_SUCH_FUNCTION_CALL if self.status == CallStatus.UNKNOWN_TOOL and not self.exists else None
 
 
 @dataclass
@@ -142,7 +167,7 @@ class Trajectory:
     messages: list[dict]
     turns: list[TurnRecord]
     num_model_calls: int = 0
-    stop_reason: str = "done"  # done | call_budget | response_budget | context
+    stop_reason: str = StopReason.DONE
     sampled_logprobs: list[float] | None = None  # aligned with completion_ids (0 on env tokens); llama.cpp only
 
     def steps_per_turn(self) -> list[list[list[str]]]:
@@ -183,9 +208,6 @@ class StepReport:
     seconds: float = 0.0
     new: list[Explanation] = field(default_factory=list)  # to write to the store
 
-    def metrics(self) -> dict[str, float]:
-        names = ("turns", "unique", "cached", "asked", "invalid", "failed", "redactions", "restarts", "skipped", "seconds")
-        return {f"diagnoser/{name}": float(getattr(self, name)) for name in names}
 
 
 @dataclass

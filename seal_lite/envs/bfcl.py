@@ -36,7 +36,7 @@ from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as checker
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
 from seal_lite.core.calls import ToolCall, parse_calls
-from seal_lite.core.types import NO_SUCH_FUNCTION_CALL, CallOutcome, TurnEvidence, TurnRecord
+from seal_lite.core.types import NO_SUCH_FUNCTION_CALL, CallOutcome, CallStatus, TurnEvidence, TurnRecord
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 ERROR_PREFIX = "Error during execution:"
@@ -186,12 +186,12 @@ class Environment:
         a tool the turn does not show; ``lenient`` rejects only the offending calls.
         """
         parsed = parse_calls(model_text, parser)
-        outcomes = [CallOutcome(None, f"{INVALID_FORMAT} {error}", "parse_error") for error in parsed.errors]
+        outcomes = [CallOutcome(None, f"{INVALID_FORMAT} {error}", CallStatus.PARSE_ERROR) for error in parsed.errors]
         visible = {doc["name"] for doc in self.task.visible_functions(turn_index)}
         hidden = [call for call in parsed.calls if not self._available(call.name, visible)]
         if parser == "strict" and hidden:
             message = _not_available(hidden[0].name)
-            return [CallOutcome(call, message, "unknown_tool" if call in hidden else "rejected",
+            return [CallOutcome(call, message, CallStatus.UNKNOWN_TOOL if call in hidden else CallStatus.REJECTED,
                                 exists=call.name in self._methods) for call in parsed.calls]
         for call in parsed.calls:
             outcomes.append(self.execute(call, visible))
@@ -202,22 +202,22 @@ class Environment:
 
     def execute(self, call: ToolCall, visible: set[str]) -> CallOutcome:
         if not self._available(call.name, visible):
-            return CallOutcome(call, _not_available(call.name), "unknown_tool", exists=call.name in self._methods)
+            return CallOutcome(call, _not_available(call.name), CallStatus.UNKNOWN_TOOL, exists=call.name in self._methods)
         method = self._methods[call.name]
         try:  # bind first, so positional values get their parameter names in the canonical call
             bound = inspect.signature(method).bind(*call.positional, **call.arguments)
         except TypeError:  # missing / unexpected argument: the message Python gives the call itself, as BFCL's
-            return CallOutcome(call, f"{ERROR_PREFIX} {_binding_error(method, call)}", "argument_error",
+            return CallOutcome(call, f"{ERROR_PREFIX} {_binding_error(method, call)}", CallStatus.ARGUMENT_ERROR,
                                call.to_python())
         call = ToolCall(call.name, dict(bound.arguments))
         canonical = call.to_python()
         try:  # a copy: BFCL tools keep and later mutate list arguments (post_tweet's mentions)
             value = method(**copy.deepcopy(call.arguments))
         except TypeError as error:
-            return CallOutcome(call, f"{ERROR_PREFIX} {error}", "argument_error", canonical)
+            return CallOutcome(call, f"{ERROR_PREFIX} {error}", CallStatus.ARGUMENT_ERROR, canonical)
         except Exception as error:  # the tool's own failure is feedback for the agent, not a crash
-            return CallOutcome(call, f"{ERROR_PREFIX} {error}", "tool_error", canonical)
-        status = "tool_error" if isinstance(value, dict) and "error" in value else "ok"
+            return CallOutcome(call, f"{ERROR_PREFIX} {error}", CallStatus.TOOL_ERROR, canonical)
+        status = CallStatus.TOOL_ERROR if isinstance(value, dict) and "error" in value else CallStatus.OK
         return CallOutcome(call, _format_result(value), status, canonical)
 
 
@@ -322,9 +322,9 @@ def turn_evidence(task: Task, turns: list[TurnRecord]) -> list[TurnEvidence]:
                 model_calls=len(outcomes),
                 decoded_calls=sum(o.executed for o in outcomes),
                 failed_unknown_calls=sum(o.checker_call == NO_SUCH_FUNCTION_CALL for o in outcomes),
-                parse_errors=sum(o.status == "parse_error" for o in outcomes),
-                unknown_tools=sum(o.status in ("unknown_tool", "rejected") for o in outcomes),
-                argument_errors=sum(o.status == "argument_error" for o in outcomes),
+                parse_errors=sum(o.status == CallStatus.PARSE_ERROR for o in outcomes),
+                unknown_tools=sum(o.status in (CallStatus.UNKNOWN_TOOL, CallStatus.REJECTED) for o in outcomes),
+                argument_errors=sum(o.status == CallStatus.ARGUMENT_ERROR for o in outcomes),
                 unrepaired_tool_error=_unrepaired_error(outcomes),
             )
             failed_gt = [result for result in gt_results if str(result).startswith(ERROR_PREFIX)]
@@ -365,7 +365,8 @@ def _compare(evidence: TurnEvidence, model_instances, gt_instances, all_model_re
 
 def _unrepaired_error(outcomes: list[CallOutcome]) -> bool:
     """A tool or argument error that no later successful call in the same turn followed."""
-    last_error = max((i for i, o in enumerate(outcomes) if o.status in ("tool_error", "argument_error")), default=None)
+    errors = (CallStatus.TOOL_ERROR, CallStatus.ARGUMENT_ERROR)
+    last_error = max((i for i, o in enumerate(outcomes) if o.status in errors), default=None)
     if last_error is None:
         return False
-    return not any(o.status == "ok" for o in outcomes[last_error + 1 :])
+    return not any(o.status == CallStatus.OK for o in outcomes[last_error + 1 :])

@@ -1,8 +1,8 @@
 """What a recipe names, checked against this machine before a run writes anything.
 
-``check(recipe, source)`` (``seal-lite run``, ``seal-lite screen`` and ``seal-lite recipe``) runs these after the
-recipe's own validation (seal_lite/core/recipe.py, the schema): the models it names are installed or on disk (and look like what they claim to be), its BFCL task
-ids exist, the backends it asks for can run here. Every check is cheap: file metadata, pip metadata, the first
+``load_checked_recipe`` (``seal-lite run``, ``seal-lite screen`` and ``seal-lite recipe``) runs these after the
+recipe's own validation (seal_lite/core/recipe.py, the schema): the models it names are installed or on disk (and
+look like what they claim to be), its BFCL task ids exist, the backends it asks for can run here. Every check is cheap: file metadata, pip metadata, the first
 bytes of a file and the BFCL id lists; no model is loaded and nothing is downloaded. Each problem is a
 ``(field, value, message)`` whose message says what to do instead.
 

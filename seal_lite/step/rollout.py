@@ -28,7 +28,7 @@ from seal_lite.core.interface import (
     revealed_tools_text,
 )
 from seal_lite.core.recipe import RolloutConfig
-from seal_lite.core.types import CallOutcome, Trajectory, TurnRecord
+from seal_lite.core.types import CallOutcome, StopReason, Trajectory, TurnRecord
 from seal_lite.envs.bfcl import Environment, Task, additional_functions_prompt
 
 
@@ -148,7 +148,7 @@ def rollout_groups(
                      for index in range(group_size)]
     for episode in episodes:  # a prompt that leaves no room for one message ends the episode before it starts
         if len(episode.conversation.ids) + rollout.max_new_tokens > rollout.max_context_tokens:
-            episode.stop_reason = "context"
+            episode.stop_reason = StopReason.CONTEXT
     while active := [e for e in episodes if e.stop_reason is None]:
         for chunk in generation_chunks(active, rollout):
             _generate_round(chunk, generator, rollout)
@@ -246,20 +246,20 @@ def _advance(e: _Episode, ids: list[int], logprobs: list[float] | None, rollout:
     pending = [tool_message(outcomes, interface, visible)] if outcomes else []
     unfinished = bool(outcomes) or e.turn + 1 < len(task.turns)
     if e.model_calls >= rollout.max_model_calls:
-        e.stop_reason = "call_budget" if unfinished else "done"
+        e.stop_reason = StopReason.CALL_BUDGET if unfinished else StopReason.DONE
         return
     if rollout.max_response_tokens is not None and e.response_tokens() >= rollout.max_response_tokens:
-        e.stop_reason = "response_budget" if unfinished else "done"
+        e.stop_reason = StopReason.RESPONSE_BUDGET if unfinished else StopReason.DONE
         return
     if not outcomes or (rollout.max_calls_per_turn is not None and e.calls_in_turn >= rollout.max_calls_per_turn):
         e.turn += 1
         e.calls_in_turn = 0
         if e.turn >= len(task.turns):
-            e.stop_reason = "done"
+            e.stop_reason = StopReason.DONE
             return
         user = user_text(task, e.turn, interface)
         e.turns.append(TurnRecord(user))
         pending.append({"role": "user", "content": user})
     e.conversation.add_env_messages(pending)
     if len(e.conversation.ids) + rollout.max_new_tokens > rollout.max_context_tokens:
-        e.stop_reason = "context"
+        e.stop_reason = StopReason.CONTEXT

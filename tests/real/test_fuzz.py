@@ -17,9 +17,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seal_lite.core.calls import REJECTED, parse_calls
+from seal_lite.core.calls import parse_calls
 from seal_lite.core.labels import BASE_UTILITY
-from seal_lite.core.types import NO_SUCH_FUNCTION_CALL, TurnRecord
+from seal_lite.core.types import NO_SUCH_FUNCTION_CALL, REJECTED, TurnRecord
 from seal_lite.envs.bfcl import Environment, load_tasks
 from seal_lite.step.verifier import diagnose_episode
 
