@@ -282,3 +282,95 @@ def _label_text(label: str) -> str:
 def _short(text: str, limit: int = 120) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- seal-lite doctor -------------------------------------------------------------------------------------
+
+
+def doctor_text(report: dict, *, ascii: bool = False) -> str:
+    """A readable plain-text rendering of ``report``: sections, one line per item, the fix where one is needed."""
+    yes, no, dash, arrow = ("OK ", "!! ", "-- ", "->") if ascii else ("✓", "✗", "–", "→")
+    lines = []
+
+    def item(mark: str, label: str, text: str, fix: str | None = None) -> None:
+        lines.append(f"  {mark} {label:<20} {text}" + (f"  {arrow} {fix}" if fix else ""))
+
+    hw = report["hardware"]
+    lines.append("Hardware")
+    item(yes, "CPU", f"{hw['cpu_cores']} cores ({hw['cpu_cores_usable']} usable), {hw['platform']}, "
+                     f"Python {hw['python']}")
+    ram = f"{hw['ram_total_gb']} GiB total" if hw["ram_total_gb"] is not None else "unknown"
+    if hw["ram_available_gb"] is not None:
+        ram += f", {hw['ram_available_gb']} GiB available"
+    item(yes if hw["ram_total_gb"] else dash, "RAM", ram)
+    if hw["torch"]:
+        item(yes, "torch", f"{hw['torch']} ({hw['torch_build']} build)")
+    else:
+        item(no, "torch", "MISSING", "bash scripts/setup.sh")
+    if hw["cuda_available"]:
+        item(yes, "CUDA", f"available, {len(hw['gpus'])} GPU(s), NVIDIA driver {hw['nvidia_driver']}")
+        for gpu in hw["gpus"]:
+            item(yes, f"GPU {gpu['index']}", f"{gpu['name']}, {gpu['memory_gb']} GiB, compute "
+                                             f"{gpu['compute_capability']}, bf16 {'yes' if gpu['bf16'] else 'no'}")
+    else:
+        item(dash, "CUDA", "not available: training and rollouts run on the CPU")
+    for note in hw["notes"]:
+        item(no, "note", note)
+
+    lines += ["", "Backends"]
+    for row in report["backends"]["packages"]:
+        pin = f"  (pin {row['pin']})" if row["pin"] and row["ok"] else ""
+        if row["installed"]:
+            text = f"{row['version']}{pin}" + (f"  {row['note']}" if row["note"] else "")
+            item(yes if row["ok"] else no, row["name"], text, row["fix"])
+        else:
+            item(no if row["role"] == "required" else dash, row["name"],
+                 ("MISSING" if row["role"] == "required" else "not installed") + f": {row['note']}", row["fix"])
+    chosen = report["backends"].get("training_backend")
+    if chosen:
+        item(yes, "training backend", f"{chosen['backend']} ({chosen['reason']})")
+        item(yes, "training dtype", f"{chosen['dtype']} ({chosen['dtype_reason']})")
+
+    lines += ["", "Models (pip-shipped GGUF)"]
+    for row in report["models"]:
+        if row["installed"]:
+            converted = f"converted: {row['converted_dir']}" if row["converted_dir"] else "not converted yet (first use)"
+            item(yes, row["name"], f"installed, {row['size_mb']} MB; {converted}")
+        else:
+            count = f"{len(row['missing'])} of {len(row['packages'])} packages" if len(row["packages"]) > 1 else "package"
+            item(no, row["name"], f"MISSING ({count})", row["install"])
+
+    lines += ["", "Masking self-test (loss and gradient on model tokens only)"]
+    test = report["self_test"]
+    if test is None:
+        item(dash, "skipped", "")
+    else:
+        where = (f"{test['model']} ({test['backend']}, {test['dtype']}), {test['task_id']}, "
+                 f"{test['trajectories']} trajectories")
+        if test["passed"]:
+            item(yes, "passed", f"{where}, {test['seconds']} s")
+        else:
+            item(no, "FAILED", f"{where}, {test['seconds']} s: {test['message']}")
+        if test["trajectories"]:
+            item(dash, "tokens", f"{test['model_tokens']} model, {test['env_tokens']} environment inside the "
+                                 f"completions ({test['tool_results']} tool results)")
+            model_grad = ("none" if test["min_model_grad"] is None
+                          else f"min {test['min_model_grad']:.3g}, mean {test['mean_model_grad']:.3g}")
+            item(dash, "|grad| of logits", f"environment positions max {test['max_env_grad']:.3g}; "
+                                           f"model positions {model_grad}")
+            item(dash, "GRPO step", f"moved {test['lora_changed']} of {test['lora_entries']} LoRA weights "
+                                    f"({', '.join(test['trainable_dtypes'])}); {test['linear4bit_layers']} "
+                                    "Linear4bit layers")
+    lines += ["", _doctor_verdict(report, yes, no)]
+    return "\n".join(lines)
+
+
+def _doctor_verdict(report: dict, yes: str, no: str) -> str:
+    broken = [row["name"] for row in report["backends"]["packages"] if row["role"] == "required" and not row["ok"]]
+    test = report["self_test"]
+    problems = ([f"fix the backends {', '.join(broken)}"] if broken else []) + (
+        ["the masking self-test failed"] if test is not None and not test["passed"] else [])
+    if problems:
+        return f"{no} not ready to train: {'; '.join(problems)}"
+    checked = "masking verified" if test is not None else "masking self-test skipped"
+    return f"{yes} ready to train: required backends present, {checked}"

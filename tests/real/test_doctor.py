@@ -12,6 +12,7 @@ import torch
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from seal_lite import console
 from seal_lite.engines import transformers_generate
 from seal_lite.engines.model_sources import REGISTRY, PipGGUF
 from seal_lite.envs.bfcl import load_tasks
@@ -62,12 +63,12 @@ def test_a_wrong_or_missing_backend_is_flagged_with_its_fix(monkeypatch):
     assert not rows["peft"]["ok"] and rows["peft"]["fix"] == "pip install 'peft==0.21.2'"
     assert rows["unsloth"]["ok"] and rows["unsloth"]["installed"]  # the gpu extra's pin holds
     assert rows["tau2"]["ok"] and not rows["tau2"]["installed"]  # optional: τ²-bench only
-    text = doctor.render_text(report)
+    text = console.doctor_text(report)
     assert re.search(r"– tau2 +not installed: optional, tau2-bench evaluation .*→ pip install -e '\.\[ood\]'", text)
     assert "✗ trl" in text and "→ pip install 'trl==1.14.2'" in text
     assert re.search(r"✗ peft +MISSING: missing \(seal-lite needs it\)  → pip install 'peft==0.21.2'", text)
     assert text.endswith("✗ not ready to train: fix the backends trl, peft")
-    assert doctor.render_text(report, ascii=True).isascii()
+    assert console.doctor_text(report, ascii=True).isascii()
 
 
 def test_models_show_packages_install_command_and_cache_without_assembling(monkeypatch, tmp_path, smol_dir):
@@ -80,7 +81,7 @@ def test_models_show_packages_install_command_and_cache_without_assembling(monke
     missing = rows["split-model"]
     assert not missing["installed"] and missing["missing"] == ["no-such-part1", "no-such-part2"]
     assert missing["install"] == "pip install no-such-part1 no-such-part2" and missing["converted_dir"] is None
-    text = doctor.render_text({"hardware": doctor.hardware(), "backends": {"packages": []},
+    text = console.doctor_text({"hardware": doctor.hardware(), "backends": {"packages": []},
                                "models": list(rows.values()), "self_test": None, "ok": False})
     assert re.search(r"✗ split-model +MISSING \(2 of 2 packages\)  → pip install no-such-part1 no-such-part2", text)
     # an empty cache: nothing is converted, and checking writes nothing (split models are not assembled)
@@ -148,7 +149,7 @@ def test_report_is_json_and_a_self_test_that_cannot_run_is_a_failure():
     assert set(report) == {"seal_lite", "hardware", "backends", "models", "self_test", "ok"}
     assert not report["ok"] and not report["self_test"]["passed"]
     assert report["self_test"]["message"].startswith("could not run: ModelSourceError: unknown model 'no-such-model'")
-    text = doctor.render_text(report)
+    text = console.doctor_text(report)
     for section in ("Hardware", "Backends", "Models", "Masking self-test"):
         assert f"\n{section}" in "\n" + text
     assert "✗ FAILED" in text and text.endswith("✗ not ready to train: the masking self-test failed")
