@@ -112,11 +112,10 @@ def disk_full_message(out_dir: Path, recipe: Recipe, cause: BaseException, remov
 def _committed_step(out_dir: Path) -> tuple[int, str | None]:
     """The last committed step and its checkpoint's path, read without writing (the disk may be full)."""
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{out_dir / 'seal.db'}?mode=ro", uri=True)) as db:
-            row = db.execute("select step, path from checkpoints order by step desc limit 1").fetchone()
-    except sqlite3.Error:
+        row = Store.open_readonly(out_dir / "seal.db").last_checkpoint()
+    except (sqlite3.Error, RunError):
         return 0, None
-    return (row[0], row[1]) if row else (0, None)
+    return (row["step"], row["path"]) if row else (0, None)
 
 
 def _stored_steps(out_dir: Path) -> int | None:
@@ -124,11 +123,8 @@ def _stored_steps(out_dir: Path) -> int | None:
     if not (out_dir / "seal.db").exists():
         return 0
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{out_dir / 'seal.db'}?mode=ro", uri=True)) as db:
-            if not db.execute("select count(*) from sqlite_master where name = 'steps'").fetchone()[0]:
-                return 0
-            return db.execute("select count(*) from steps").fetchone()[0]
-    except sqlite3.Error:
+        return Store.open_readonly(out_dir / "seal.db").step_count()
+    except (sqlite3.Error, RunError):
         return None
 
 
