@@ -4,8 +4,10 @@ Used to show that a refactor left behaviour unchanged: run the same seeded recip
 
     python scripts/compare_stores.py runs/before/seal.db runs/after/seal.db
 
-Ignored: columns that hold a time (``*_at``, ``*_s``, ``seconds``), the ``time/*`` and ``*_s`` metrics, and the
-run directory inside paths and the stored recipe (the two runs live in different directories).
+Ignored: columns that hold a time (``*_at``, ``*_s``, ``seconds``), the metrics that do (``time/*``, ``*_s``,
+``diagnoser/seconds``, TRL's ``grpo/step_time``), and the run directory inside paths and the stored recipe (the two
+runs live in different directories). Run both with ``--set diagnoser.timeout_s=600``, so that a slow machine
+cannot turn a diagnoser answer into a timeout.
 """
 
 import argparse
@@ -14,33 +16,38 @@ import sqlite3
 import sys
 from pathlib import Path
 
-TIME_COLUMNS = ("seconds",)
+TIME_NAMES = ("seconds", "step_time")
 
 
-def is_timing(column: str) -> bool:
-    return column.endswith(("_at", "_s")) or column in TIME_COLUMNS
+def is_timing(name: str) -> bool:
+    """A column or metric (its last part) that holds a wall-clock time or a duration."""
+    name = name.rsplit("/", 1)[-1]
+    return name.endswith(("_at", "_s")) or name in TIME_NAMES
 
 
-def table_rows(path: Path, table: str) -> list[dict]:
+def table_rows(path: Path, table: str) -> dict[tuple, dict]:
+    """The table's rows by primary key (timings dropped, the run directory written as <run>)."""
     connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     connection.row_factory = sqlite3.Row
-    rows = [dict(row) for row in connection.execute(f"select * from [{table}] order by rowid")]
+    keys = [row["name"] for row in connection.execute(f"pragma table_info([{table}])") if row["pk"]] or ["rowid"]
+    rows = [dict(row) for row in connection.execute(f"select rowid, * from [{table}] order by rowid")]
     connection.close()
     run_dir = str(path.parent)
-    kept = []
+    kept = {}
     for row in rows:
-        if table == "metrics" and (row["name"].startswith("time/") or row["name"].endswith("_s")):
+        if table == "metrics" and (row["name"].startswith("time/") or is_timing(row["name"])):
             continue
-        row = {key: value for key, value in row.items() if not is_timing(key)}
-        for key, value in row.items():
+        key = tuple(row[name] for name in keys)
+        row = {name: value for name, value in row.items() if not is_timing(name) and name != "rowid"}
+        for name, value in row.items():
             if isinstance(value, str) and run_dir in value:
-                row[key] = value.replace(run_dir, "<run>")
+                row[name] = value.replace(run_dir, "<run>")
         if table == "runs":
             recipe = json.loads(row["recipe"])
             recipe.pop("output_dir", None)
             row["recipe"] = recipe
-        kept.append(row)
-    return sorted(kept, key=lambda row: json.dumps(row, sort_keys=True, default=str))
+        kept[key] = row
+    return kept
 
 
 def tables(path: Path) -> list[str]:
@@ -57,12 +64,14 @@ def differences(before: Path, after: Path) -> list[str]:
             found.append(f"{table}: only in {'after' if table in tables(after) else 'before'}")
             continue
         old, new = table_rows(before, table), table_rows(after, table)
-        if len(old) != len(new):
-            found.append(f"{table}: {len(old)} rows before, {len(new)} after")
-        for old_row, new_row in zip(old, new):
-            if old_row != new_row:
-                keys = sorted(key for key in old_row.keys() | new_row.keys() if old_row.get(key) != new_row.get(key))
-                found.append(f"{table}: first differing row differs in {', '.join(keys)}")
+        if old.keys() != new.keys():
+            found.append(f"{table}: {len(old.keys() - new.keys())} rows only before, {len(new.keys() - old.keys())} "
+                         "only after")
+        for key in sorted(old.keys() & new.keys(), key=str):
+            if old[key] != new[key]:
+                names = sorted(name for name in old[key].keys() | new[key].keys()
+                               if old[key].get(name) != new[key].get(name))
+                found.append(f"{table}: row {key} differs in {', '.join(names)}")
                 break
     return found
 
