@@ -274,19 +274,12 @@ def test_one_trajectory_per_micro_batch_trains_exactly_like_whole_mini_batches(t
     whole = _train_recording(tmp_path / "whole", tiny_model_dir, loss_type, micro=2)
     single = _train_recording(tmp_path / "single", tiny_model_dir, loss_type, micro=1)
     # (the gradients of steps 2-4 are taken at the weights the earlier steps left, so those agree as well)
-    (steps, args, losses, grads, _), (steps_1, args_1, losses_1, grads_1, _) = whole, single
+    args, args_1 = whole[1], single[1]
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (2, 1)
     assert (args_1.per_device_train_batch_size, args_1.gradient_accumulation_steps) == (1, 2)
-    assert steps == steps_1 == 4 and len(grads) == len(grads_1) == 4
-    assert losses_1 == pytest.approx(losses, rel=1e-5, abs=1e-7)
-    assert any(abs(loss) > 1e-4 for loss in losses)  # a real learning signal, not zeros compared with zeros
-    for before, after in zip(grads, grads_1, strict=True):
-        assert any(g.abs().max() > 0 for g in before.values())
-        for name in before:
-            # float tolerance relative to the tensor's scale: fp32 sums in another order, and from step 2 on the
-            # weights an lr-1e-2 Adam step left (measured: at most 6e-5 of the largest entry)
-            scale = before[name].abs().max().item()
-            torch.testing.assert_close(after[name], before[name], rtol=0, atol=2e-4 * scale + 1e-10, msg=name)
+    # float tolerance relative to each tensor's scale: fp32 sums in another order, and from step 2 on the weights an
+    # lr-1e-2 Adam step left (measured: at most 6e-5 of the largest entry)
+    assert_same_training(whole, single)
 
 
 def assert_same_training(expected, actual, tolerance: float = 2e-4):
