@@ -21,7 +21,7 @@ from seal_lite.engines.model_sources import gguf_path, resolve_model
 from seal_lite.engines.policy import load_policy
 from seal_lite.engines.transformers_generate import TransformersGenerator
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.run.tasks import select_task_ids
+from seal_lite.runs.tasks import select_task_ids
 from seal_lite.step.rollout import rollout_group
 
 

@@ -21,7 +21,7 @@ import yaml
 
 from seal_lite.core.recipe import load_recipe
 from seal_lite.engines.store import Store
-from seal_lite.run.train import run
+from seal_lite.runs.train import run
 
 PHASES = ["sync", "render", "prefill", "decode", "environment", "verify", "diagnoser", "store", "update"]
 OVERHEAD = ["render", "environment", "verify", "store"]  # what the loop adds around generation and training

@@ -259,7 +259,7 @@ def main() -> None:
                         help="run nothing: tabulate the records (while the experiment runs, or on another machine)")
     args = parser.parse_args()
     from seal_lite.api import parse_overrides
-    from seal_lite.run.run_dir import run_status
+    from seal_lite.runs.run_dir import run_status
 
     seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     views = args.views.split(",")

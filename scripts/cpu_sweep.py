@@ -63,7 +63,7 @@ def main() -> None:
                         help="each run's figures, to commit (default: %(default)s)")
     args = parser.parse_args()
     from seal_lite.core.recipe import load_recipe
-    from seal_lite.run.run_dir import run_status
+    from seal_lite.runs.run_dir import run_status
 
     common = [*COMMON, *args.overrides]
     kept = frontier_ids(args.recipe, args.out, common)

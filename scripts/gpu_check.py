@@ -127,7 +127,7 @@ class Checks:
         }
 
     def adapter(self) -> dict:
-        from seal_lite.run.evaluate_bfcl import evaluation_engine
+        from seal_lite.runs.evaluate_bfcl import evaluation_engine
 
         if self.trained is None:
             return {"ok": False, "error": "the steps check did not train an adapter"}

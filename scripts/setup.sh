@@ -36,7 +36,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q chromium >/dev/null 2>&1 \
     || echo "note: could not install chromium; the report's browser test will be skipped" >&2
 fi
-.venv/bin/python -c "import seal_lite.envs.bfcl, llama_cpp, trl; import seal_lite.run.evaluate_tau2 as o; o.require_tau2()" \
+.venv/bin/python -c "import seal_lite.envs.bfcl, llama_cpp, trl; import seal_lite.runs.evaluate_tau2 as o; o.require_tau2()" \
   || { echo "setup finished but an import fails; see the messages above" >&2; exit 1; }
 echo "$wanted" > "$stamp"
 echo "seal-lite is set up in .venv (try: .venv/bin/seal-lite --help)"

@@ -6,8 +6,6 @@ import nothing heavy.
 """
 
 import importlib
-import sys
-import types
 
 _FROM_API = ("run", "screen", "evaluate", "verify", "prompt", "report", "diagnose", "trajectory", "doctor",
              "checked_recipe", "load_recipe", "SealLiteError")
@@ -22,18 +20,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_FROM_API})
-
-
-class _Package(types.ModuleType):
-    """The package object. ``run`` and ``report`` name both a facade function and a submodule (``seal_lite.run``,
-    ``seal_lite.report``); the import system would bind the submodule to the package on its first import, hiding
-    the function. That binding is refused for those names, so ``seal_lite.run(...)`` is the function whatever was
-    imported before; the submodules are imported by their full name (``from seal_lite.run.train import run``)."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _FROM_API and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -57,7 +57,7 @@ def checked_recipe(path: str | Path | None = None, overrides: dict | None = None
     """``load_recipe``, then checked against this machine (models installed, task ids, backends usable), the run
     directory it would write (``out_dir``, default the recipe's) and ``processes`` processes sharing it. Every
     problem at once, one line each naming the file and the field, in one ``RecipeError``; nothing is written."""
-    from seal_lite.run import preflight
+    from seal_lite.runs import preflight
 
     source = str(path or "default recipe")
     try:
@@ -111,8 +111,8 @@ def run(recipe: Recipe, out_dir: str | Path | None = None, *, overwrite: bool = 
     on the main process once the directory is chosen, before any model loads. Under a launcher every process
     calls this (docs/distributed.md)."""
     from seal_lite.engines import distributed
-    from seal_lite.run import train
-    from seal_lite.run.run_dir import choose_run_dir
+    from seal_lite.runs import train
+    from seal_lite.runs.run_dir import choose_run_dir
 
     distributed.init()  # rank 0 chooses and prepares the directory, for every process
     out_dir, status = distributed.on_main(lambda: choose_run_dir(recipe, Path(out_dir) if out_dir else None, overwrite))
@@ -129,7 +129,7 @@ def screen(recipe: Recipe, out_dir: str | Path | None = None, *, samples: int | 
     from seal_lite.engines.model_sources import resolve_model
     from seal_lite.engines.policy import load_policy
     from seal_lite.engines.store import Store
-    from seal_lite.run.tasks import screen_slice, select_task_ids, slice_tasks
+    from seal_lite.runs.tasks import screen_slice, select_task_ids, slice_tasks
 
     samples = samples or recipe.data.screen or SCREEN_SAMPLES
     recipe = recipe.model_copy(update={"data": recipe.data.model_copy(update={"screen": samples})})
@@ -149,9 +149,9 @@ def evaluate(target: str | Path, *, benchmark: str = "bfcl", tasks: int | None =
     directory also stores them in its seal.db. ``progress(label, total)`` is a context manager that is called with
     each task's result (console.EvalProgress); ``note`` receives what is about to happen."""
     if benchmark == "tau2":
-        from seal_lite.run.evaluate_tau2 import evaluate_target
+        from seal_lite.runs.evaluate_tau2 import evaluate_target
     else:
-        from seal_lite.run.evaluate_bfcl import evaluate_target
+        from seal_lite.runs.evaluate_bfcl import evaluate_target
     return evaluate_target(str(target), tasks=tasks, base=base, steps=steps, overrides=overrides or {},
                            progress=progress, note=note, **options)
 
@@ -160,7 +160,7 @@ def verify(lines: Iterable[str], workers: int = 1) -> Iterator[dict]:
     """Score JSONL lines of decoded BFCL multi-turn calls, in order: {"id", "valid", "labels", "causes", "error",
     "irrelevance_valid"} per line (blank lines skipped); a line that cannot be scored has an error, not an
     exception. ``workers`` processes give the same results."""
-    from seal_lite.run.verify import verify_lines
+    from seal_lite.runs.verify import verify_lines
 
     return verify_lines(lines, workers=workers)
 
@@ -229,7 +229,7 @@ def _task(task_id: str):
 def report(run_dir: str | Path, out_dir: str | Path | None = None, *, trajectories: int = 4) -> Path:
     """Write the run's report.html (plots, interface timeline, evaluations, ``trajectories`` sample trajectories
     turn by turn) into ``out_dir`` (default RUN/report); return the page's path."""
-    from seal_lite.report import write_report
+    from seal_lite.html_report import write_report
 
     try:
         return write_report(_db_path(run_dir).parent, Path(out_dir) if out_dir else None, trajectories)
@@ -288,6 +288,6 @@ def _store(run_dir: str | Path):
 def doctor(model: str | None = None, *, self_test: bool = True, backend: str = "peft", dtype: str = "auto") -> dict:
     """What this machine can run: hardware, backends, models and (``self_test``) the masking self-test; "ok" says
     whether a required backend is missing or the self-test failed."""
-    from seal_lite.run.doctor import report as doctor_report
+    from seal_lite.runs.doctor import report as doctor_report
 
     return doctor_report(model, self_test=self_test, backend=backend, dtype=dtype)

@@ -154,7 +154,7 @@ def print_tau2(summaries: dict[str, dict[str, dict[str, float]]], user_label: st
     table.add_column("domain")
     for label in summaries:
         table.add_column(label, justify="right")
-    from seal_lite.run.evaluate_tau2 import DOMAINS
+    from seal_lite.runs.evaluate_tau2 import DOMAINS
 
     for domain in (*DOMAINS, "mean"):
         if any(domain in summary for summary in summaries.values()):
@@ -214,7 +214,7 @@ def print_evaluation(summaries: dict[str, dict[str, dict[str, float]]]) -> None:
     table.add_column("category")
     for label in summaries:
         table.add_column(label, justify="right")
-    from seal_lite.run.evaluate_bfcl import TABLE_ROWS
+    from seal_lite.runs.evaluate_bfcl import TABLE_ROWS
 
     categories = [c for c in TABLE_ROWS if any(c in summary for summary in summaries.values())]
     for category in categories:

@@ -4,7 +4,7 @@ The field defaults *are* the CPU quickstart (``recipes/quickstart.yaml`` restate
 with no recipe runs it. Every field carries its help once, in ``description``. Loading a file turns every
 validation problem into one ``RecipeError`` line naming the field, the reason and a fix, all problems at once.
 This module is the schema only: whether the models, task ids and backends a recipe names exist on this machine
-is checked afterwards by seal_lite/run/preflight.py (``seal-lite run`` and ``seal-lite recipe`` do both).
+is checked afterwards by seal_lite/runs/preflight.py (``seal-lite run`` and ``seal-lite recipe`` do both).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ class RecipeError(ConfigError):
 
 def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -> Recipe:
     """Defaults < recipe file < ``overrides`` (dotted keys, e.g. ``{"grpo.steps": 1}``). Nothing is loaded or
-    written; ``seal_lite.run.preflight.check`` then checks what the recipe names against this machine."""
+    written; ``seal_lite.runs.preflight.check`` then checks what the recipe names against this machine."""
     source = str(path) if path else "default recipe"
     data: dict = {}
     if path is not None:

@@ -6,7 +6,7 @@ tasks), 2-5 (render, roll out, verify, label: ``_roll_out``), 5's local diagnose
 the weights, §5) and 10 (the next interface). Step 9, the policy update, is TRL's GRPOTrainer: its
 ``rollout_func`` calls this body with the step's task ids and then updates on the advantages returned here
 (seal_lite/training/grpo.py). What the store keeps of a step is built by seal_lite/core/records.py.
-seal_lite/run/train.py wires the step, the trainer and the rollout engine together for a whole run (resume,
+seal_lite/runs/train.py wires the step, the trainer and the rollout engine together for a whole run (resume,
 engines, diagnoser); this module knows neither TRL nor the run directory.
 
 Deviations from the paper, each on purpose:

@@ -1,7 +1,7 @@
 """Whole episodes: the official verdict, the irrelevance metric, and one label per ground-truth turn.
 
 ``diagnose_episode`` is what the SEAL step calls for every rollout (steps 4 and 5 of docs/method.md §2); the
-``seal-lite verify`` contract over it for any system's call lists is seal_lite/run/verify.py.
+``seal-lite verify`` contract over it for any system's call lists is seal_lite/runs/verify.py.
 """
 
 from __future__ import annotations

@@ -262,7 +262,7 @@ def test_the_readme_tour_runs_as_printed_and_prints_what_the_store_holds(tmp_pat
 
     The run itself is the quickstart with smaller budgets and the README's trajectory's task, so the printed
     `--trajectory` id exists; `seal-lite eval` then inherits those budgets from the run's recipe."""
-    from seal_lite.run.tasks import select_task_ids
+    from seal_lite.runs.tasks import select_task_ids
 
     lines = tour_lines()
     (trajectory,) = {word for line in lines for word in re.findall(r"--trajectory (\S+)", line)}

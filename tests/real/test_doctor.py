@@ -16,7 +16,7 @@ from seal_lite import console
 from seal_lite.engines import transformers_generate
 from seal_lite.engines.model_sources import REGISTRY, PipGGUF
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.run import doctor, selftest
+from seal_lite.runs import doctor, selftest
 from seal_lite.step.rollout import TokenConversation
 from seal_lite.training import grpo
 from tests.helpers import ScriptedGenerator, tool_call_text

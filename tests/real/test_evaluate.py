@@ -7,7 +7,7 @@ import sys
 from seal_lite.core.interface import SCHEMA_CUE_LINE
 from seal_lite.core.recipe import load_recipe
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.run.evaluate_bfcl import evaluate, summarize, view_label
+from seal_lite.runs.evaluate_bfcl import evaluate, summarize, view_label
 from tests.helpers import ScriptedGenerator, tool_call_text
 
 IDS = ["multi_turn_base_1", "multi_turn_base_4", "multi_turn_miss_param_3"]

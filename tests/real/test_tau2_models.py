@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from seal_lite.envs import tau2_bench
-from seal_lite.run import evaluate_tau2
+from seal_lite.runs import evaluate_tau2
 
 
 def test_one_real_conversation_per_domain_with_a_small_local_model(tmp_path):

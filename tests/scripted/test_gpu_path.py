@@ -56,7 +56,7 @@ def test_evaluation_runs_the_trained_adapter_whoever_added_the_lora(tmp_path, ti
                                                                     lora_added_by_the_backend):
     """eval's loader (evaluate.evaluation_engine) on a model that is already a PeftModel: wrapping it a second
     time, as PeftModel.from_pretrained does, loaded nothing and scored the base model as the trained one."""
-    from seal_lite.run.evaluate_bfcl import evaluation_engine
+    from seal_lite.runs.evaluate_bfcl import evaluation_engine
 
     trained = _save_trained_adapter(tiny_model_dir, tmp_path / "adapter")
     if lora_added_by_the_backend:
@@ -71,7 +71,7 @@ def test_evaluation_runs_the_trained_adapter_whoever_added_the_lora(tmp_path, ti
 @cpu_only
 def test_an_adapter_that_does_not_fit_the_policys_lora_is_an_error(tmp_path, tiny_model_dir, monkeypatch):
     from seal_lite.engines.policy import AdapterLoadError
-    from seal_lite.run.evaluate_bfcl import evaluation_engine
+    from seal_lite.runs.evaluate_bfcl import evaluation_engine
 
     _save_trained_adapter(tiny_model_dir, tmp_path / "adapter", targets=["q_proj"])  # the backend's LoRA has 7
     _with_lora_added_by_the_backend(monkeypatch)
@@ -180,7 +180,7 @@ def test_the_unsloth_backend_refuses_a_trainer_that_is_not_unsloths():
 # --- doctor never patches its own process with Unsloth ----------------------------------------------------------
 
 def test_doctor_tries_unsloth_in_a_child_process(fake_unsloth):
-    from seal_lite.run.doctor import _training_backend
+    from seal_lite.runs.doctor import _training_backend
 
     choice = _training_backend(cuda=True)
     assert choice["backend"] == "unsloth"
@@ -194,7 +194,7 @@ def test_doctor_tries_unsloth_in_a_child_process(fake_unsloth):
 # --- a torch the card runs; no GPU recipe on a CPU --------------------------------------------------------------
 
 def test_doctor_names_a_torch_build_the_driver_cannot_run_and_the_build_that_can():
-    from seal_lite.run.doctor import driver_note
+    from seal_lite.runs.doctor import driver_note
 
     note = driver_note("13.0", "550.54.15")  # PyPI's torch 2.13.0 on Colab's driver of 2025
     assert "needs NVIDIA driver 580.65.06 or newer, and this one is 550.54.15" in note

@@ -23,7 +23,7 @@ from bfcl_eval.utils import populate_test_cases_with_predefined_functions
 from seal_lite.core.interface import TrainingInterface, evaluation_interface, render_view
 from seal_lite.core.recipe import Recipe
 from seal_lite.envs.bfcl import CATEGORIES, load_tasks
-from seal_lite.run.evaluate_bfcl import evaluation_rollout
+from seal_lite.runs.evaluate_bfcl import evaluation_rollout
 from seal_lite.step.rollout import opening_messages, rollout_group, user_text
 from tests.helpers import ScriptedGenerator, tool_call_text
 

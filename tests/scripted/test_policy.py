@@ -111,7 +111,7 @@ def test_run_with_an_impossible_backend_fails_cleanly(tmp_path, tiny_model_dir):
 
     result = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "r"), "--set", f"policy.model={tiny_model_dir}",
                                        "--set", "policy.backend=unsloth", "--set", "diagnoser.mode=off"])
-    assert result.exit_code == 2  # refused before anything is written (seal_lite/run/preflight.py)
+    assert result.exit_code == 2  # refused before anything is written (seal_lite/runs/preflight.py)
     assert "policy.backend = 'unsloth': Unsloth" in result.output and "NVIDIA GPU" in result.output
     assert not (tmp_path / "r").exists()
     assert not isinstance(result.exception, PolicyBackendError)  # shown as a message, not a traceback

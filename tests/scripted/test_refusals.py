@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from seal_lite.cli import main
 from seal_lite.engines.model_sources import REGISTRY, PipGGUF
-from seal_lite.run import preflight
+from seal_lite.runs import preflight
 
 ABSENT = "seal-lite-test-absent-package"  # a pip distribution that no index holds
 
@@ -149,7 +149,7 @@ def test_a_run_that_fails_before_storing_a_step_leaves_no_directory(tmp_path, mo
     the run; if no step was stored, the directories the run created go too. One that existed stays."""
     from seal_lite.core.recipe import load_recipe
     from seal_lite.engines import policy
-    from seal_lite.run.train import run
+    from seal_lite.runs.train import run
 
     def broken(*args, **kwargs):
         raise RuntimeError("the policy does not load")

@@ -13,9 +13,9 @@ import pytest
 from seal_lite.core.recipe import load_recipe
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.report import moving_average, signal_shares, write_report
-from seal_lite.run.evaluate_bfcl import evaluate, result_rows
-from seal_lite.run.train import run
+from seal_lite.html_report import moving_average, signal_shares, write_report
+from seal_lite.runs.evaluate_bfcl import evaluate, result_rows
+from seal_lite.runs.train import run
 from tests.helpers import ScriptedGenerator, tool_call_text
 
 

@@ -5,7 +5,7 @@ import pytest
 from seal_lite.core.recipe import Recipe
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.run.tasks import ScreenError, frontier_task_ids
+from seal_lite.runs.tasks import ScreenError, frontier_task_ids
 from seal_lite.step.algorithm import SealStep
 from seal_lite.step.screen import frontier, screen_tasks
 from tests.helpers import HalfRightOnSome

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from seal_lite.cli import main
 from seal_lite.engines.store import Store
 from seal_lite.envs import tau2_bench
-from seal_lite.run import evaluate_tau2
+from seal_lite.runs import evaluate_tau2
 from tests.support import tau2_roles
 
 TASKS_PER_DOMAIN = 2
@@ -142,7 +142,7 @@ def test_a_store_from_before_tau2_gets_the_new_columns(tmp_path):
 
 
 def test_the_report_shows_the_tau2_table(tmp_path):
-    from seal_lite.report import _evaluation_table
+    from seal_lite.html_report import _evaluation_table
 
     store = Store(tmp_path / "seal.db")
     results = [evaluate_tau2.Tau2Result("retail", "0", 1.0, "user_stop", 1, 5, {}, []),

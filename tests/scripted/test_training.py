@@ -107,7 +107,7 @@ def test_a_rollout_batch_is_built_from_trajectories_in_order(smol_tokenizer):
 
 def test_mini_batches_and_ppo_epochs_map_onto_seal_steps(tmp_path, tiny_model_dir):
     """4 optimizer steps per SEAL step (2 mini-batches x 2 PPO epochs): one store row, loss and checkpoint each."""
-    from seal_lite.run.train import run
+    from seal_lite.runs.train import run
 
     recipe = load_recipe(None, {
         "interface.tool_format": "signatures",  # short prompts: these test the update

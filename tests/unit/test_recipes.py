@@ -42,7 +42,7 @@ def test_the_paper_recipe_says_what_the_paper_did():
 
 
 def test_each_ablation_is_the_paper_recipe_minus_its_part():
-    from seal_lite.run.run_dir import recipe_differences
+    from seal_lite.runs.run_dir import recipe_differences
 
     paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml").model_dump()
     ablated = {

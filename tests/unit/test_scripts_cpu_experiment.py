@@ -25,7 +25,7 @@ def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
     """scripts/cpu_experiment.py's arms: SEAL is recipes/cpu-learn.yaml, vanilla GRPO is that recipe with
     exactly the parts recipes/ablation-vanilla-grpo.yaml turns off (and φ_err, φ_cap, which the paper lacks)."""
     from seal_lite.api import parse_overrides
-    from seal_lite.run.run_dir import recipe_differences
+    from seal_lite.runs.run_dir import recipe_differences
 
     experiment = _cpu_experiment()
     common = parse_overrides(tuple(experiment.COMMON))

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from seal_lite.cli import main
 from seal_lite.envs.bfcl import load_tasks
-from seal_lite.run.verify import verify_lines
+from seal_lite.runs.verify import verify_lines
 from tests.support.mutations import corpus
 
 KEYS = {"id", "valid", "labels", "causes", "error", "irrelevance_valid"}

@@ -1,7 +1,7 @@
 """A whole SEAL run, wired: the task slice, the policy, the diagnoser and the rollout engine around ``SealStep``.
 
-``run`` is what ``seal-lite run`` calls. Inside the run directory's lock (seal_lite/run/run_dir.py) it starts or
-resumes the run's store, loads the policy, screens the slice when the recipe asks (seal_lite/run/tasks.py), then
+``run`` is what ``seal-lite run`` calls. Inside the run directory's lock (seal_lite/runs/run_dir.py) it starts or
+resumes the run's store, loads the policy, screens the slice when the recipe asks (seal_lite/runs/tasks.py), then
 hands ``SealStep`` (Algorithm 1's body, seal_lite/step/algorithm.py) to TRL's trainer (seal_lite/training/grpo.py),
 which calls it once per step for the rollouts and applies the update. After each step a checkpoint is committed
 to the store, so a killed run resumes from its last committed step.
@@ -28,8 +28,8 @@ from seal_lite.engines import distributed
 from seal_lite.engines.model_sources import resolve_gguf
 from seal_lite.engines.rollout_engine import rollout_backend, rollout_engine
 from seal_lite.engines.store import Store
-from seal_lite.run.run_dir import open_run, prune_checkpoints, resume_point, run_directory
-from seal_lite.run.tasks import frontier_task_ids, screen_slice, select_task_ids, slice_tasks
+from seal_lite.runs.run_dir import open_run, prune_checkpoints, resume_point, run_directory
+from seal_lite.runs.tasks import frontier_task_ids, screen_slice, select_task_ids, slice_tasks
 from seal_lite.step.algorithm import SealStep
 from seal_lite.step.diagnoser import Diagnoser
 

@@ -165,7 +165,7 @@ def _interface_timeline(store: Store) -> str:
 
 
 def _evaluation_table(store: Store) -> str:
-    from seal_lite.run.evaluate_bfcl import TABLE_ROWS, TaskResult, summarize
+    from seal_lite.runs.evaluate_bfcl import TABLE_ROWS, TaskResult, summarize
 
     results = defaultdict(list)
     rows = store.evaluations()
@@ -199,7 +199,7 @@ def _models_table(first: str, keys, summaries: dict[str, dict], cell) -> str:
 def _tau2_table(rows: list[dict]) -> str:
     """τ²-bench pass^1 per domain and their mean, one column per evaluated model (``seal-lite eval --benchmark
     tau2``); nothing when the run has no τ² rows."""
-    from seal_lite.run.evaluate_tau2 import DOMAINS, results_from_rows, summarize
+    from seal_lite.runs.evaluate_tau2 import DOMAINS, results_from_rows, summarize
 
     results = results_from_rows(rows)
     if not results:

@@ -8,7 +8,7 @@
 3. ``models``    each registry model: its pip packages, the command that installs the missing ones, and whether
    the converted (trainable) directory is already cached;
 4. ``self_test``  the masking self-test: one real multi-turn GRPO step on a real BFCL task
-   (seal_lite/run/selftest.py).
+   (seal_lite/runs/selftest.py).
 
 Heavy libraries (torch, transformers, trl) are imported inside the functions that need them, so importing this
 module keeps ``seal-lite --help`` fast.
@@ -24,7 +24,7 @@ import re
 import time
 from pathlib import Path
 
-from seal_lite.run.evaluate_tau2 import INSTALL_HINT
+from seal_lite.runs.evaluate_tau2 import INSTALL_HINT
 
 # (import name shown, pip distribution, role). Roles: required by seal-lite, the optional GPU extra, or the optional
 # out-of-distribution extra (τ²-bench: `seal-lite eval --benchmark tau2`).
@@ -301,7 +301,7 @@ def report(self_test_model: str | None = None, *, self_test: bool = True, **self
     backend is missing or mis-pinned, or the self-test failed.
     """
     from seal_lite.engines.model_sources import resolve_model
-    from seal_lite.run.selftest import SelfTestResult, masking_self_test
+    from seal_lite.runs.selftest import SelfTestResult, masking_self_test
 
     result = {
         "seal_lite": _version("seal-lite"),

@@ -181,7 +181,7 @@ def run_variants(run_dir: Path, overrides: dict, base: bool, steps: tuple[int, .
 def model_recipe(target: str, overrides: dict, or_else: str) -> Recipe:
     """The default recipe with TARGET as its policy, TARGET checked as a model before anything loads;
     ``or_else`` names what else TARGET could have been, for the error."""
-    from seal_lite.run.preflight import model_problem
+    from seal_lite.runs.preflight import model_problem
 
     if problem := model_problem(target):
         raise ConfigError(f"TARGET {target!r} is neither {or_else} nor a usable model: {problem}")

@@ -12,7 +12,7 @@ Where the two models run:
 * a URL is any OpenAI-compatible server already running (vLLM, SGLang, llama.cpp's llama-server on a GPU); it is
   sent OpenAI's ``json_schema`` response format;
 * any other policy (a run whose rollouts use transformers: on a GPU, or a model that is no GGUF) is held in this
-  process by the run's own engine (``seal_lite.run.evaluate_bfcl.evaluation_engine``) and answers through ``GeneratorChat``.
+  process by the run's own engine (``seal_lite.runs.evaluate_bfcl.evaluation_engine``) and answers through ``GeneratorChat``.
 
 The user simulator defaults to the policy's base model without the LoRA, so a base model and its trained
 adapters are always measured against the same user.
@@ -131,7 +131,7 @@ class GeneratorChat:
 def in_process_roles(recipe, adapter: Path | None, work_dir: Path):
     """(agent, base): the recipe's policy held in this process, with ``adapter``'s LoRA (a run's ``adapter/`` or
     checkpoint; None: the base model) and the same weights without it, for the default user simulator."""
-    from seal_lite.run.evaluate_bfcl import evaluation_engine
+    from seal_lite.runs.evaluate_bfcl import evaluation_engine
 
     rollout = recipe.rollout.model_copy(update={"max_context_tokens": CONTEXT_TOKENS})
     with evaluation_engine(recipe.model_copy(update={"rollout": rollout}), adapter, work_dir) as generator:
@@ -273,7 +273,7 @@ def _agents(recipe, target: str, user_model: str | None) -> _Agents:
 def _variants(target: str, overrides: dict, base: bool, steps: tuple[int, ...], into: str | None):
     """(store or None, recipe or None for a URL, [(label, adapter)]) of TARGET."""
     from seal_lite.engines.store import Store
-    from seal_lite.run.evaluate_bfcl import model_recipe, run_dir_of, run_variants
+    from seal_lite.runs.evaluate_bfcl import model_recipe, run_dir_of, run_variants
 
     run_dir = run_dir_of(target)
     if run_dir is not None:
