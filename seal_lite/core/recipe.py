@@ -156,7 +156,7 @@ class RecipeError(ConfigError):
 
 def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -> Recipe:
     """Defaults < recipe file < ``overrides`` (dotted keys, e.g. ``{"grpo.steps": 1}``). Nothing is loaded or
-    written; ``seal_lite.runs.preflight.check`` then checks what the recipe names against this machine."""
+    written; ``seal_lite.runs.preflight.load_checked_recipe`` also checks what the recipe names on this machine."""
     source = str(path) if path else "default recipe"
     data: dict = {}
     if path is not None:

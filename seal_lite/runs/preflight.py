@@ -146,7 +146,7 @@ def load_checked_recipe(path: str | Path | None = None, overrides: dict | None =
     try:
         recipe = load_recipe(path, overrides)
     except RecipeError as error:
-        machine = problem_lines(source, _section_problems(error.data or {}))
+        machine = problem_lines(source, _section_problems(*_valid_sections(error.data or {})))
         raise RecipeError("\n".join(filter(None, [str(error), machine]))) from None
     check(recipe, source)
     return recipe
@@ -155,24 +155,27 @@ def load_checked_recipe(path: str | Path | None = None, overrides: dict | None =
 def check(recipe: Recipe, source: str = "default recipe") -> None:
     """Raise a ``RecipeError`` listing every problem of ``recipe`` on this machine, one line each with its fix."""
     # a section's own problems first: what spans sections (the tasks a step draws, who rolls out) follows from them
-    problems = _section_problems(recipe.model_dump()) or recipe_problems(recipe)
+    problems = _section_problems(recipe.policy, recipe.data, recipe.diagnoser) or recipe_problems(recipe)
     if problems:
         raise RecipeError(problem_lines(source, problems))
 
 
-def _section_problems(data: dict) -> list[Problem]:
-    """The machine problems of each section of ``data`` that is valid on its own (an invalid one is already
-    reported by the schema)."""
-    checks = ((PolicyConfig, "policy", policy_problems), (DataConfig, "data", data_problems),
-              (DiagnoserConfig, "diagnoser", diagnoser_problems))
-    problems = []
-    for schema, name, problems_of in checks:
+def _section_problems(policy, data, diagnoser) -> list[Problem]:
+    """The machine problems of these sections; None stands for a section the schema already refused."""
+    return [*(policy_problems(policy) if policy else []), *(data_problems(data) if data else []),
+            *(diagnoser_problems(diagnoser) if diagnoser else [])]
+
+
+def _valid_sections(data: dict) -> tuple:
+    """The policy, data and diagnoser sections of a recipe that failed its schema, each validated on its own
+    (None where that section is itself invalid)."""
+    sections = []
+    for schema, name in ((PolicyConfig, "policy"), (DataConfig, "data"), (DiagnoserConfig, "diagnoser")):
         try:
-            section = schema.model_validate(data.get(name) or {})
+            sections.append(schema.model_validate(data.get(name) or {}))
         except ValidationError:
-            continue
-        problems += problems_of(section)
-    return problems
+            sections.append(None)
+    return tuple(sections)
 
 
 def policy_problems(policy) -> list[Problem]:
