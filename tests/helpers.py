@@ -53,25 +53,24 @@ class ScriptedGenerator:
 
 
 class HalfRightOnSome:
-    """Plays one task's group per call (as llama.cpp does): for the tasks in ``learnable`` the first half of the
-    group answers with the ground truth and the rest with nothing; the tasks in ``mastered`` are solved in every
-    episode; every other task fails in all episodes."""
-
-    batches_tasks = False
+    """For the tasks in ``learnable`` the first half of each group answers with the ground truth and the rest with
+    nothing; the tasks in ``mastered`` are solved in every episode; every other task fails in all episodes.
+    ``played`` lists the tasks whose groups it started, in the order their sequences came."""
 
     def __init__(self, tokenizer, tasks, learnable, mastered=()):
         self.tokenizer, self.tasks, self.learnable, self.mastered = tokenizer, tasks, set(learnable), set(mastered)
         self.played: list[str] = []
 
     def generate(self, batch, max_new_tokens, temperature):
-        text = self.tokenizer.decode(batch[0])
-        task = next(t for t in self.tasks if t.user_message(0) in text)
-        if text.count("<|im_start|>assistant\n") == 1:  # a new group: its first message
-            self.played.append(task.id)
+        texts = [self.tokenizer.decode(ids) for ids in batch]
+        tasks = [next(t for t in self.tasks if t.user_message(0) in text) for text in texts]
         out = []
-        for position, ids in enumerate(batch):
-            first = self.tokenizer.decode(ids).count("<|im_start|>assistant\n") == 1
-            right = first and (task.id in self.mastered or task.id in self.learnable and position < len(batch) // 2)
+        for text, task in zip(texts, tasks, strict=True):
+            first = text.count("<|im_start|>assistant\n") == 1  # the episode's first message
+            position, size = tasks[: len(out)].count(task), tasks.count(task)  # within its group in this batch
+            if first and position == 0:
+                self.played.append(task.id)
+            right = first and (task.id in self.mastered or task.id in self.learnable and position < size // 2)
             reply = tool_call_text(task.ground_truth[0]) if right else "I cannot do that."
             out.append(self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id])
         return out

@@ -130,14 +130,19 @@ class RolloutConfig(Section):
         ".gguf). auto: llamacpp without a GPU when the model is a GGUF, else transformers.",
     )
     generation_batch_size: int | None = Field(
-        None, ge=1, description="Most sequences in one generate call (None: a whole step's tasks x G on "
-        "transformers, one task's G on llamacpp; evaluation batches as many). Caps the KV cache of GPU rollouts, "
-        "which grows with sequences x context length.",
+        None, ge=1, description="Most sequences in one generate call (None: a whole step's tasks x G; evaluation "
+        "and screening batch as many). Caps the KV cache of GPU rollouts, which grows with sequences x context "
+        "length.",
     )
     generation_token_budget: int | None = Field(
         None, description="Most padded tokens in one generate call: sequences x (the longest + max_new_tokens), "
         "longest sequences together (None: no budget, generation_batch_size alone). The GPU recipes set it from "
         "the memory model (seal_lite/core/memory.py, docs/gpu.md), so a call fits the card; at least max_context_tokens.",
+    )
+    cache_tokens: int | None = Field(
+        None, ge=1024, description="llamacpp only: cells of the KV cache all sequences of a call share, each "
+        "shared prefix held once (None: 4 x the context, evaluation's included; memory is this x the model's KV "
+        "bytes per token, allocated up front). Sequences that do not fit together are played in waves.",
     )
     max_logprob_gap: float = Field(
         1.0, gt=0.0, description="llamacpp only: a generated token whose log-probability under llama.cpp and under "

@@ -1,196 +1,372 @@
 """The CPU rollout engine: llama.cpp playing rollouts from the policy's GGUF plus its current LoRA.
 
-``LlamaCppGenerator`` is the ``Generator`` of seal_lite/step/rollout.py on a CPU: each trajectory keeps its own
-context (and so its cache) between its model calls, and a task's prompt is read once for its G trajectories.
+``LlamaCppGenerator`` is the ``Generator`` of seal_lite/step/rollout.py on a CPU. All sequences of a call live in
+one llama.cpp context with one KV cache shared by all of them (``kv_unified``), which gives two savings:
+
+* **Every prefix is read once.** The cache is a set of entries, each a llama.cpp sequence id and the tokens it
+  holds. A call's rows are matched to the entry sharing their longest prefix, and a prefix several rows share
+  beyond the cache (a task's prompt for its G trajectories; BFCL's tool block for tasks with the same tool
+  classes) is read once into a new entry and forked to them (``llama_memory_seq_cp``: the forked cells are
+  shared, not copied). A trajectory's next call only reads what the environment appended since its last one.
+* **Every live sequence decodes together**: one ``llama_decode`` per generated token for all rows, and the
+  prefill of several rows' new text (tool results, user turns) in shared batches.
+
+Attention in a shared cache scans every used cell (skipping other sequences' cells cheaply, but not for free),
+so the engine drops a finished row's entry as soon as a call no longer continues it, and keeps only the few most
+recent shared prefixes. The cache holds ``cache_tokens`` cells; rows that would not fit together are played in
+waves. The driver (seal_lite/step/rollout.py) ends a sequence that alone would pass ``n_ctx`` before it gets here.
+
+Sampling is done here (softmax of logits / T, numpy), so the log-probability of every sampled token is known
+exactly; ``sampled_logprobs`` holds them for the last ``generate`` call, aligned with its output. Each row draws
+from its own generator, seeded by (seed, step, call, row), so a run reproduces whatever the waves were.
+``load_adapter`` puts a LoRA GGUF (seal_lite/engines/gguf_lora.py) on top of the base model and clears the cache.
 The diagnoser's chat models, in-process or served, are seal_lite/engines/serving.py.
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
+from dataclasses import dataclass, field
 
 from seal_lite.core import timing
 from seal_lite.engines.serving import BackendError, usable_cores
+
+BATCH_TOKENS = 512  # tokens per llama_decode (llama.cpp's n_batch): prefill chunks, or one token per live row
+MAX_SEQUENCES = 256  # llama.cpp's own limit on sequence ids in a context (llama_max_parallel_sequences)
+KEPT_PREFIXES = 4  # shared prefixes kept after their rows are gone, for the next call (an evaluation's next tasks)
+MIN_SHARED = 32  # rows sharing fewer new tokens than this read them each (a shared entry costs a sequence id)
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One llama.cpp sequence of the cache: the tokens it holds at positions 0..len-1."""
+
+    seq: int
+    tokens: list[int]
+    parent: _Entry | None  # the entry it was forked from (it shares that entry's cells below ``own_from``)
+    own_from: int  # cells at positions >= own_from were computed for this entry
+    shared: bool  # a prefix read for several rows, not a row's own sequence
+    children: int = 0
+    last_used: int = 0
+
+    @property
+    def own(self) -> int:
+        return len(self.tokens) - self.own_from
+
+
+@dataclass
+class _Row:
+    ids: list[int]
+    rng: object
+    entry: _Entry | None = None
+    next_token: int = 0  # the token to decode next: first the last of ``ids``, then each sampled one
+    new: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def target(self) -> list[int]:
+        """What must be in the cache before the row's first decode: all but its last token, which is decoded
+        with the other rows' tokens and gives the logits of the first new token."""
+        return self.ids[:-1]
 
 
 class LlamaCppGenerator:
     """Rollouts with llama.cpp: the ``Generator`` of seal_lite/step/rollout.py, for the CPU.
 
     ``tokenizer`` is the same model's Hugging Face tokenizer (a GGUF and the model converted from it share the
-    vocabulary). Prefill is what costs on a CPU (an episode's prompt holds thousands of tokens of tool docs), so
-    nothing is read twice:
-
-    * one llama.cpp context per trajectory slot, each keeping its own KV cache, so a trajectory's next model call
-      only reads what the environment appended since its last one;
-    * a task's G trajectories share their prompt: one context reads it, the others copy its KV cache.
-
-    Sampling is done here (softmax of logits / T, numpy), so the log-probability of every sampled token is known
-    exactly; ``sampled_logprobs`` holds them for the last ``generate`` call, aligned with its output.
-    ``load_adapter`` puts a LoRA GGUF (seal_lite/engines/gguf_lora.py) on top of the base model in every context, in
-    place: llama-cpp-python would stop memory-mapping the model if the LoRA were given when loading it.
+    vocabulary). ``n_ctx`` is the longest sequence (the recipe's ``rollout.max_context_tokens``); ``cache_tokens``
+    the cells of the shared cache (default four such sequences); its memory is what llama.cpp allocates up front.
     """
 
-    batches_tasks = False  # a context per sequence: a batch holds one task's group, whose prompt is shared
-
     def __init__(self, model_path: str, tokenizer, n_ctx: int = 8192, n_threads: int | None = None, seed: int = 0,
-                 lora_path: str | None = None):
-        import numpy as np
-
+                 lora_path: str | None = None, cache_tokens: int | None = None):
         self.tokenizer, self.model_path, self.n_ctx = tokenizer, model_path, n_ctx
+        self.cache_tokens = max(cache_tokens or 4 * n_ctx, n_ctx + BATCH_TOKENS)
         self.n_threads = n_threads or usable_cores()
-        self.rng = np.random.default_rng(seed)
         self.lora_path = lora_path
-        self.contexts: list = []
-        self.adapters: list = []  # the LoRA loaded into each context's model, or None
+        self.seed: tuple[int, ...] = (seed,)
+        self.calls = 0
+        self.model = self.ctx = self.batch = self.adapter = None
+        self.entries: list[_Entry] = []
         self.sampled_logprobs: list[list[float]] = []
+        self.read_tokens = 0  # tokens decoded into the cache so far (prompts and fed-back samples alike)
+        self.taken: list[_Entry] = []  # entries that a row of the current call continues
         vocab = tokenizer.get_vocab()
         self.stop_ids = {token for token in (tokenizer.eos_token_id, vocab.get("<|im_end|>")) if token is not None}
 
-    def reseed(self, *seed: int) -> None:
-        import numpy as np
+    # -- the llama.cpp context ------------------------------------------------------------------------------
 
-        self.rng = np.random.default_rng(list(seed))
+    def _open(self) -> None:
+        import llama_cpp
+        from llama_cpp._logger import set_verbose
+        from llama_cpp._utils import suppress_stdout_stderr
+
+        llama_cpp.llama_backend_init()
+        set_verbose(False)  # llama.cpp's own log lines (every LoRA swap prints some) stay off the terminal
+        with suppress_stdout_stderr(disable=False):
+            self.model = llama_cpp.llama_model_load_from_file(self.model_path.encode(),
+                                                               llama_cpp.llama_model_default_params())
+            if not self.model:
+                raise BackendError(f"llama.cpp could not load {self.model_path}")
+            params = llama_cpp.llama_context_default_params()
+            params.n_ctx, params.n_batch, params.n_ubatch = self.cache_tokens, BATCH_TOKENS, BATCH_TOKENS
+            params.n_seq_max, params.kv_unified = MAX_SEQUENCES, True
+            params.n_threads = params.n_threads_batch = self.n_threads
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED  # skips other sequences' cells
+            self.ctx = llama_cpp.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            raise BackendError(f"llama.cpp could not make a context of {self.cache_tokens} cells for "
+                               f"{self.model_path} (rollout.cache_tokens sets it)")
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = llama_cpp.llama_batch_init(BATCH_TOKENS, 0, 1)
+        vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+        self.stop_ids.add(llama_cpp.llama_vocab_eos(vocab))
+        self.free_seqs = list(range(MAX_SEQUENCES - 1, -1, -1))
+        self._apply_adapter()
+
+    def reseed(self, *seed: int) -> None:
+        self.seed, self.calls = tuple(seed), 0
 
     def load_adapter(self, lora_path: str | None) -> None:
-        """Use a new LoRA (the policy after an update) in every context; their caches are dropped."""
+        """Use a new LoRA (the policy after an update); the cache, computed with the old weights, is dropped."""
         self.lora_path = lora_path
-        for slot in range(len(self.contexts)):
-            self._apply_adapter(slot)
+        if self.ctx is not None:
+            self._apply_adapter()
 
-    def _apply_adapter(self, slot: int) -> None:
-        import ctypes
-
+    def _apply_adapter(self) -> None:
         import llama_cpp
         from llama_cpp._utils import suppress_stdout_stderr
 
-        llm, old = self.contexts[slot], self.adapters[slot]
         adapter = None
         if self.lora_path:
             with suppress_stdout_stderr(disable=False):  # a warning per tensor on a quantized model, every step
-                adapter = llama_cpp.llama_adapter_lora_init(llm.model, self.lora_path.encode())
+                adapter = llama_cpp.llama_adapter_lora_init(self.model, self.lora_path.encode())
             if not adapter:
                 raise BackendError(f"llama.cpp could not load the LoRA {self.lora_path}")
         adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter) if adapter else None
         scales = (ctypes.c_float * 1)(1.0) if adapter else None
-        if llama_cpp.llama_set_adapters_lora(llm.ctx, adapters, 1 if adapter else 0, scales):
+        if llama_cpp.llama_set_adapters_lora(self.ctx, adapters, 1 if adapter else 0, scales):
             raise BackendError(f"llama.cpp could not apply the LoRA {self.lora_path}")
-        if old:
-            llama_cpp.llama_adapter_lora_free(old)
-        self.adapters[slot] = adapter
-        llm.n_tokens = 0  # the cache was computed with the previous weights
-
-    def generate(self, batch: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
-        from llama_cpp import Llama
-
-        while len(self.contexts) < len(batch):
-            llm = Llama(self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads,
-                        flash_attn=True, seed=0, verbose=False)
-            self.stop_ids.add(llm.token_eos())
-            self.contexts.append(llm)
-            self.adapters.append(None)
-            self._apply_adapter(len(self.contexts) - 1)
-        slots = self._assign(batch)
-        results, self.sampled_logprobs = [], []
-        for ids, slot in zip(batch, slots, strict=True):
-            new, logprobs = self._continue(self.contexts[slot], ids, max_new_tokens, temperature)
-            results.append(new)
-            self.sampled_logprobs.append(logprobs)
-        return results
-
-    def _assign(self, batch: list[list[int]]) -> list[int]:
-        """Give each sequence the free context whose cache shares the longest prefix with it. Contexts that hold
-        less than the prefix all sequences share (a new task's prompt) get it copied from one that read it."""
-        free, slots = list(range(len(self.contexts))), []
-        for ids in batch:
-            best = max(free, key=lambda slot: _common_prefix(self.contexts[slot], ids))
-            free.remove(best)
-            slots.append(best)
-        shared = min(_prefix_length(batch[0], ids) for ids in batch)
-        lacking = [slot for slot in slots if _common_prefix(self.contexts[slot], batch[0]) < shared]
-        if len(batch) < 2 or shared < 2 or len(lacking) < 2:
-            return slots
-        with timing.phase("prefill"):
-            donor = max(slots, key=lambda slot: _common_prefix(self.contexts[slot], batch[0]))
-            if donor in lacking:
-                self._read(self.contexts[donor], batch[0][:shared])  # the shared prompt, read once
-            for slot in lacking:
-                if slot != donor:
-                    _copy_cache(self.contexts[donor], self.contexts[slot], shared)
-        return slots
-
-    def _read(self, llm, ids: list[int]) -> None:
-        """Make ``llm``'s cache hold exactly ``ids``, reading only what it does not already hold."""
-        keep = min(_common_prefix(llm, ids), len(ids))
-        llm.n_tokens = keep  # Llama.eval (llama.cpp token decoding) drops the cache beyond n_tokens first
-        if keep < len(ids):
-            llm.eval(ids[keep:])
-
-    def _continue(self, llm, ids: list[int], max_new_tokens: int, temperature: float):
-        import llama_cpp
-        import numpy as np
-
-        with timing.phase("prefill"):
-            self._read(llm, ids[:-1])
-            llm.eval(ids[-1:])  # always read the last token, so the logits of the next position are fresh
-        started = time.perf_counter()
-        n_vocab = llm.n_vocab()
-        new, logprobs = [], []
-        while True:
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
-            scaled = logits / temperature if temperature > 0 else logits  # temperature 0: greedy
-            scaled = scaled - scaled.max()
-            cumulative = np.cumsum(np.exp(scaled), dtype=np.float64)
-            if temperature > 0:
-                token = min(int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")),
-                            n_vocab - 1)
-            else:
-                token = int(np.argmax(scaled))
-            logprobs.append(float(scaled[token] - np.log(cumulative[-1])))
-            new.append(token)
-            if token in self.stop_ids or len(new) >= max_new_tokens:
-                break
-            llm.eval([token])
-        timing.add("decode", time.perf_counter() - started)
-        return new, logprobs
+        if self.adapter:
+            llama_cpp.llama_adapter_lora_free(self.adapter)
+        self.adapter = adapter
+        llama_cpp.llama_memory_clear(self.memory, True)
+        self.free_seqs += [entry.seq for entry in self.entries]
+        self.entries = []
 
     def close(self) -> None:
         import llama_cpp
 
-        for llm, adapter in zip(self.contexts, self.adapters, strict=True):
-            if adapter:
-                llama_cpp.llama_set_adapters_lora(llm.ctx, None, 0, None)
-                llama_cpp.llama_adapter_lora_free(adapter)
-            llm.close()
-        self.contexts, self.adapters = [], []
+        if self.ctx is not None:
+            llama_cpp.llama_batch_free(self.batch)
+            llama_cpp.llama_free(self.ctx)
+            if self.adapter:
+                llama_cpp.llama_adapter_lora_free(self.adapter)
+            llama_cpp.llama_model_free(self.model)
+        self.model = self.ctx = self.batch = self.adapter = None
+        self.entries = []
+
+    # -- one call ---------------------------------------------------------------------------------------------
+
+    def generate(self, batch: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
+        import numpy as np
+
+        if self.ctx is None:
+            self._open()
+        self.calls, self.taken = self.calls + 1, []
+        rows = [_Row(ids, np.random.default_rng([*self.seed, self.calls, index])) for index, ids in enumerate(batch)]
+        self._forget_finished(rows)
+        waves = self._waves(rows, max_new_tokens)
+        for number, wave in enumerate(waves):
+            if number:  # the cache cannot hold every row: the last wave's rows make room (re-read next call)
+                done = {id(row.entry) for row in waves[number - 1]}
+                self._evict(lambda entry, done=done: id(entry) in done)
+            with timing.phase("prefill"):
+                self._prefill(wave)
+            started = time.perf_counter()
+            self._decode(wave, max_new_tokens, temperature)
+            timing.add("decode", time.perf_counter() - started)
+        self.sampled_logprobs = [row.logprobs for row in rows]
+        return [row.new for row in rows]
+
+    def cached_tokens(self) -> int:
+        """Cells of the cache in use (each shared prefix counted once)."""
+        return sum(entry.own for entry in self.entries)
+
+    def _forget_finished(self, rows: list[_Row]) -> None:
+        """Drop what this call cannot use: row entries no row continues (their episodes ended), and shared
+        prefixes beyond the few most recently used. Every used cell costs attention time in every decode."""
+        useful = {id(self._source(row.target)[0]) for row in rows}
+        shared = sorted((e for e in self.entries if e.shared and id(e) not in useful), key=lambda e: -e.last_used)
+        spare = {id(entry) for entry in shared[KEPT_PREFIXES:]}
+        self._evict(lambda entry: id(entry) not in useful and (not entry.shared or id(entry) in spare))
+
+    def _evict(self, unwanted) -> None:
+        """Remove the unwanted entries that no other entry was forked from, repeatedly (a parent goes once its
+        children are gone: its cells below their fork point are theirs too)."""
+        import llama_cpp
+
+        while doomed := [e for e in self.entries if e.children == 0 and unwanted(e)]:
+            for entry in doomed:
+                llama_cpp.llama_memory_seq_rm(self.memory, entry.seq, -1, -1)
+                self.free_seqs.append(entry.seq)
+                self.entries.remove(entry)
+                if entry.parent is not None:
+                    entry.parent.children -= 1
+
+    def _source(self, tokens: list[int]) -> tuple[_Entry | None, int]:
+        """The entry sharing the longest prefix with ``tokens``, and that prefix's length."""
+        best, length = None, 0
+        for entry in self.entries:
+            common = _prefix_length(entry.tokens, tokens)
+            if common > length:
+                best, length = entry, common
+        return best, length
+
+    def _waves(self, rows: list[_Row], max_new_tokens: int) -> list[list[_Row]]:
+        """Rows in groups whose new cells fit the cache together (usually one group), similar rows together."""
+        ordered = sorted(rows, key=lambda row: row.target)
+        free = self.cache_tokens - self.cached_tokens()
+        waves, wave, need, previous = [], [], 0, []
+        for row in ordered:
+            cached = self._source(row.target)[1]
+            cost = len(row.target) - max(cached, _prefix_length(previous, row.target)) + max_new_tokens + 1
+            if wave and (need + cost > free or len(wave) + len(self.entries) >= MAX_SEQUENCES // 2):
+                waves.append(wave)
+                wave, need, free = [], 0, self.cache_tokens - self.cached_tokens()
+            wave.append(row)
+            need += cost
+            previous = row.target
+        return waves + [wave]
+
+    def _prefill(self, rows: list[_Row]) -> None:
+        """Bring every row's target into the cache, reading each distinct prefix once, and give each row an entry
+        of its own. In rounds: neighbours (in sorted order) that share more with each other than with the cache
+        get that common part read once into a shared entry, which the next round forks from.
+
+        Neighbours sharing more than the cache have the same cached length (each one's source matches the other
+        beyond it), so every round lengthens what some rows have cached, and the rounds end."""
+        while True:
+            ordered = sorted((row for row in rows if row.entry is None), key=lambda row: row.target)
+            placed = [self._source(row.target) for row in ordered]
+            jobs, index = [], 0
+            while index < len(ordered):
+                row, (source, cached) = ordered[index], placed[index]
+                end, last = len(row.target), index
+                while last + 1 < len(ordered):
+                    common = _prefix_length(ordered[last].target, ordered[last + 1].target)
+                    if common < cached + MIN_SHARED:
+                        break
+                    end, last = min(end, common), last + 1
+                if last > index:  # several rows: their common part, read once
+                    jobs.append((None, ordered[index].target[:end], source, cached))
+                elif cached < end:  # one row: the rest of its target, in its own entry
+                    jobs.append((row, row.target, source, cached))
+                index = last + 1
+            if not jobs:
+                break
+            self._read(jobs)
+        for row in rows:
+            if row.entry is None:
+                row.entry = self._fork(*self._source(row.target), own=True)
+
+    def _read(self, jobs: list[tuple[_Row | None, list[int], _Entry | None, int]]) -> None:
+        """For each job (its row, or None for a shared prefix; tokens; source entry; cached length): an entry
+        holding ``tokens``, forked from the source's first ``cached`` tokens; the rest is read, all jobs' tokens
+        in shared batches."""
+        pending = []
+        for row, tokens, source, cached in jobs:
+            entry = self._fork(source, cached, own=row is not None)
+            if row is not None:
+                row.entry = entry
+            pending += [(entry, token, False) for token in tokens[cached:]]
+        for start in range(0, len(pending), BATCH_TOKENS):
+            self._run(pending[start : start + BATCH_TOKENS])
+
+    def _fork(self, source: _Entry | None, length: int, own: bool) -> _Entry:
+        """An entry holding the source's first ``length`` tokens. For a row (``own``), the source itself, cut to
+        ``length``, when it is a row's entry nothing else uses (a trajectory continuing); else a new sequence
+        sharing those cells."""
+        import llama_cpp
+
+        if own and source is not None and not source.shared and source.children == 0 and \
+                all(entry is not source for entry in self.taken):
+            llama_cpp.llama_memory_seq_rm(self.memory, source.seq, length, -1)
+            del source.tokens[length:]
+            source.own_from = min(source.own_from, length)
+            self.taken.append(source)
+            return source
+        if not self.free_seqs:
+            raise BackendError(f"llama.cpp's {MAX_SEQUENCES} sequences are all in use")
+        entry = _Entry(self.free_seqs.pop(), source.tokens[:length] if length else [], source if length else None,
+                       length, shared=not own, last_used=self.calls)
+        if length:
+            llama_cpp.llama_memory_seq_cp(self.memory, source.seq, entry.seq, 0, length)
+            source.children += 1
+            source.last_used = self.calls
+        self.entries.append(entry)
+        if own:
+            self.taken.append(entry)
+        return entry
+
+    def _run(self, tokens: list[tuple[_Entry, int, bool]]) -> None:
+        """One llama_decode of (entry, token, wants logits) triples, each token appended to its entry."""
+        import llama_cpp
+
+        batch = self.batch
+        batch.n_tokens = len(tokens)
+        for i, (entry, token, logits) in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, len(entry.tokens), 1
+            batch.seq_id[i][0], batch.logits[i] = entry.seq, logits
+            entry.tokens.append(token)
+        if (code := llama_cpp.llama_decode(self.ctx, batch)) != 0:
+            raise BackendError(f"llama.cpp could not decode a batch of {len(tokens)} tokens (code {code}); "
+                               f"{self.cached_tokens()} of {self.cache_tokens} cache cells in use "
+                               "(rollout.cache_tokens sets the cache)")
+        self.read_tokens += len(tokens)
+
+    def _decode(self, rows: list[_Row], max_new_tokens: int, temperature: float) -> None:
+        """Sample every row's message, all live rows advancing by one token per llama_decode."""
+        import llama_cpp
+        import numpy as np
+
+        for row in rows:
+            row.next_token = row.ids[-1]  # its logits give the first new token
+        live = list(rows)
+        while live:
+            self._run([(row.entry, row.next_token, True) for row in live])
+            for i, row in enumerate(live):
+                logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
+                row.next_token, logprob = sample(logits, temperature, row.rng)
+                row.new.append(row.next_token)
+                row.logprobs.append(logprob)
+            live = [row for row in live if row.new[-1] not in self.stop_ids and len(row.new) < max_new_tokens]
+        for row in rows:
+            row.entry.last_used = self.calls
+
+
+def sample(logits, temperature: float, rng) -> tuple[int, float]:
+    """(token, its log-probability) from softmax(logits / T); temperature 0 is greedy (argmax)."""
+    import numpy as np
+
+    scaled = logits / temperature if temperature > 0 else logits
+    scaled = scaled - scaled.max()
+    cumulative = np.cumsum(np.exp(scaled), dtype=np.float64)
+    if temperature > 0:
+        token = min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")), len(logits) - 1)
+    else:
+        token = int(np.argmax(scaled))
+    return token, float(scaled[token] - np.log(cumulative[-1]))
 
 
 def _prefix_length(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading tokens ``a`` and ``b`` share (numpy: prompts are thousands of tokens)."""
+    import numpy as np
 
-
-def _common_prefix(llm, ids: list[int]) -> int:
-    return _prefix_length(llm.input_ids[: llm.n_tokens].tolist(), ids)
-
-
-def _copy_cache(source, target, n_tokens: int) -> None:
-    """Copy the KV cache of ``source``'s first ``n_tokens`` into ``target`` (same model, sequence 0)."""
-    import ctypes
-
-    import llama_cpp
-
-    size = llama_cpp.llama_state_seq_get_size(source.ctx, 0)
-    buffer = (ctypes.c_uint8 * size)()
-    written = llama_cpp.llama_state_seq_get_data(source.ctx, buffer, size, 0)
-    target._ctx.kv_cache_seq_rm(-1, 0, -1)
-    if llama_cpp.llama_state_seq_set_data(target.ctx, buffer, written, 0) != written:
-        raise BackendError("llama.cpp could not copy a prompt's cache between contexts")
-    target._ctx.kv_cache_seq_rm(-1, n_tokens, -1)  # keep only the shared prefix of the donor's sequence
-    target.input_ids[:n_tokens] = source.input_ids[:n_tokens]
-    target.n_tokens = n_tokens
-
-
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if len(differ) else n

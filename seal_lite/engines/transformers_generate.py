@@ -32,8 +32,6 @@ class TransformersGenerator:
     """``mode(model)`` is the context generation runs in: the policy's ``generation_mode`` (Unsloth's
     for_inference, whose patched ``generate`` is Unsloth's fast generation), by default eval mode (no dropout)."""
 
-    batches_tasks = True  # left-padded batches may mix tasks: a step's tasks x G trajectories go in one batch
-
     def __init__(self, model, tokenizer, mode: Callable | None = None):
         self.model = model
         self.tokenizer = tokenizer

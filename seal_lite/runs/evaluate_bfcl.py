@@ -27,7 +27,7 @@ from seal_lite.core.labels import SUCCESS_LABELS
 from seal_lite.core.recipe import Recipe, RolloutConfig, load_recipe
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import CATEGORIES, Task, category_of, load_tasks, split_ids
-from seal_lite.step.rollout import Generator, rollout_groups
+from seal_lite.step.rollout import Generator, by_shared_prefix, rollout_groups
 from seal_lite.step.verifier import diagnose_episode
 
 TABLE_ROWS = (*CATEGORIES, "mean")  # the paper's layout: one row per category, then their mean
@@ -62,22 +62,24 @@ def view_label(model_label: str, view: str) -> str:
 
 def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, view: str = "official",
              on_result: Callable[[TaskResult], None] = lambda result: None) -> list[TaskResult]:
-    """Play every task once with greedy decoding under the plain interface; score it like BFCL does.
-    ``on_result`` sees each task's result as soon as its batch is done (one task at a time on llama.cpp)."""
+    """Play every task once with greedy decoding under the plain interface; score it like BFCL does. Tasks are
+    played in batches of ``generation_batch_size``, those sharing tool classes together (they share their prompt's
+    tool block); ``on_result`` sees each task's result as soon as its batch is done. Results come in task order."""
     greedy = evaluation_rollout(rollout)
     interface = evaluation_interface(view)
-    batch = (greedy.generation_batch_size or len(tasks)) if getattr(generator, "batches_tasks", False) else 1
-    results = []
-    for start in range(0, len(tasks), batch):
-        chunk = tasks[start : start + batch]
+    ordered = by_shared_prefix(tasks)
+    batch = greedy.generation_batch_size or len(tasks)
+    results = {}
+    for start in range(0, len(ordered), batch):
+        chunk = ordered[start : start + batch]
         groups = rollout_groups([(task, interface) for task in chunk], 1, generator, greedy)
         for task, [trajectory] in zip(chunk, groups, strict=True):
             diagnosis = diagnose_episode(task, trajectory.turns)
             passed = sum(label in SUCCESS_LABELS for label in diagnosis.labels)
-            results.append(TaskResult(task.id, task.category, diagnosis.valid, passed, len(diagnosis.labels),
-                                      diagnosis.labels))
-            on_result(results[-1])
-    return results
+            results[task.id] = TaskResult(task.id, task.category, diagnosis.valid, passed, len(diagnosis.labels),
+                                          diagnosis.labels)
+            on_result(results[task.id])
+    return [results[task.id] for task in tasks]
 
 
 def summarize(results: list[TaskResult]) -> dict[str, dict[str, float]]:

@@ -239,19 +239,17 @@ class SealStep:
         if not task_ids:
             return []
         G = self.recipe.rollout.num_generations
-        # 2-3. Render the training interface and roll out G trajectories per task against fresh BFCL environments:
-        # the whole step in one batched generation where the engine allows it (transformers), else task by task.
+        # 2-3. Render the training interface and roll out G trajectories per task against fresh BFCL environments,
+        # the whole step in one batched generation.
         pairs = [(self.tasks[task_id], interface_for_task(self.interface, self.tasks[task_id])) for task_id in task_ids]
-        batches = [pairs] if getattr(self.generator, "batches_tasks", False) else [[pair] for pair in pairs]
         groups = []
-        for batch in batches:
-            for trajectories in rollout_groups(batch, G, self.generator, self.recipe.rollout):
-                task = self.tasks[trajectories[0].task_id]
-                # 4. Verify: the official BFCL multi-turn verdict is the reward.
-                # 5. Diagnose every ground-truth turn from executable evidence.
-                with timing.phase("verify"):
-                    groups.append([(t, diagnose_episode(task, t.turns)) for t in trajectories])
-                self.progress.task_done(task.id, rewards(d for _, d in groups[-1]))
+        for trajectories in rollout_groups(pairs, G, self.generator, self.recipe.rollout):
+            task = self.tasks[trajectories[0].task_id]
+            # 4. Verify: the official BFCL multi-turn verdict is the reward.
+            # 5. Diagnose every ground-truth turn from executable evidence.
+            with timing.phase("verify"):
+                groups.append([(t, diagnose_episode(task, t.turns)) for t in trajectories])
+            self.progress.task_done(task.id, rewards(d for _, d in groups[-1]))
         return groups
 
     def _fill_with_signal(self, groups: list[Group], task_ids: list[str]) -> tuple[list[Group], int]:

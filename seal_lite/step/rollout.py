@@ -1,9 +1,9 @@
 """The multi-turn episode driver: prompts, tool execution, token bookkeeping and loss masks.
 
 ``rollout_groups`` plays G episodes of each of several tasks in lockstep, so every round of model calls is one
-batched generation (at most ``rollout.generation_batch_size`` sequences per call). A generator whose batches may
-mix tasks (``batches_tasks``: transformers) gets a whole step's tasks x G at once; llama.cpp, which keeps one
-context per sequence and shares a group's prompt between them, gets one task's group at a time.
+batched generation (at most ``rollout.generation_batch_size`` sequences per call): a step's tasks x G at once.
+Every engine shares what those sequences have in common: transformers in one padded batch, llama.cpp in one
+KV cache where each shared prefix is read once (``by_shared_prefix`` orders tasks so that neighbours share most).
 Each episode keeps the exact token ids the policy saw, with ``env_mask`` = 1 on tokens the policy generated
 and 0 on everything the environment wrote (system prompt, user turns, tool results, chat-template glue):
 only model tokens carry loss.
@@ -38,7 +38,6 @@ class Generator(Protocol):
     ``sampled_logprobs``: the log-probability of each returned token under that engine."""
 
     tokenizer: object
-    batches_tasks: bool  # optional (default False): one call may mix the sequences of several tasks
 
     def generate(self, batch: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]: ...
 
@@ -136,10 +135,7 @@ def rollout_groups(
     generator: Generator,
     rollout: RolloutConfig,
 ) -> list[list[Trajectory]]:
-    """Play ``group_size`` episodes of each (task, interface) in lockstep; one group of trajectories per task.
-    Generators that cannot mix tasks in a batch play the groups one after another."""
-    if len(tasks) > 1 and not getattr(generator, "batches_tasks", False):
-        return [group for pair in tasks for group in rollout_groups([pair], group_size, generator, rollout)]
+    """Play ``group_size`` episodes of each (task, interface) in lockstep; one group of trajectories per task."""
     episodes = []
     for task, interface in tasks:
         messages = opening_messages(task, interface)
@@ -155,6 +151,12 @@ def rollout_groups(
     sampled = getattr(generator, "sampled_logprobs", None) is not None
     trajectories = [_trajectory(e, sampled) for e in episodes]
     return [trajectories[start : start + group_size] for start in range(0, len(trajectories), group_size)]
+
+
+def by_shared_prefix(tasks: list[Task]) -> list[Task]:
+    """``tasks`` with those using the same tool classes next to each other: under BFCL's view their prompts share
+    the whole tool block (thousands of tokens), which a batch then reads once."""
+    return sorted(tasks, key=lambda task: sorted(task.involved_classes))
 
 
 def generation_chunks(active: list, rollout: RolloutConfig) -> list[list]:

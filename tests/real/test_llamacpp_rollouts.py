@@ -1,5 +1,6 @@
-"""The llama.cpp rollout backend with SmolLM2's real GGUF: prompt read once per task, each trajectory's cache
-kept between its calls, exact sampling log-probs, and the policy's LoRA swapped in place."""
+"""The llama.cpp rollout engine with SmolLM2's real GGUF: one shared KV cache where each distinct prefix is read once
+and forked, every live sequence decoded in one batch, exact sampling log-probs, the LoRA swapped in place (the
+cache dropped with it), and rows that do not fit the cache together played in waves."""
 
 from pathlib import Path
 
@@ -7,12 +8,14 @@ import numpy as np
 import pytest
 from llama_cpp import Llama
 
-from seal_lite.core.interface import TrainingInterface, render_view
-from seal_lite.engines.llamacpp import LlamaCppGenerator
+from seal_lite.core.interface import TrainingInterface, evaluation_interface, render_view
+from seal_lite.engines.llamacpp import LlamaCppGenerator, _prefix_length
 from seal_lite.engines.model_sources import gguf_path
 from seal_lite.envs.bfcl import load_tasks
+from seal_lite.step.rollout import TokenConversation, opening_messages
 
 SMOL = str(gguf_path("smollm2-135m"))
+NEAR_TIE = 0.5  # logits: llama.cpp's sums depend on how tokens were batched; a choice closer than this may flip
 
 
 @pytest.fixture(scope="module")
@@ -24,38 +27,83 @@ def prompt(smol_tokenizer):
     return smol_tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _count_reads(generator: LlamaCppGenerator) -> list[int]:
-    """Wrap every context's eval to count the tokens it reads (prompt and generated alike)."""
-    reads = [0]
-    for llm in generator.contexts:
-        original = llm.eval
-
-        def counting(tokens, original=original):
-            reads[0] += len(tokens)
-            return original(tokens)
-
-        llm.eval = counting
-    return reads
+def _openings(tokenizer, task_ids, view="signatures"):
+    interface = evaluation_interface(view)
+    return [TokenConversation(tokenizer, opening_messages(task, interface)).ids for task in load_tasks(task_ids)]
 
 
-def test_group_reads_its_prompt_once_and_each_trajectory_only_what_is_new(smol_tokenizer, prompt):
-    generator = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=2048, n_threads=2, seed=1)
+def _distinct(sequences) -> int:
+    """Tokens in the prefix tree of ``sequences``: what reading every distinct prefix once costs."""
+    ordered = sorted(sequences)
+    return sum(len(s) - (_prefix_length(s, ordered[i - 1]) if i else 0) for i, s in enumerate(ordered))
+
+
+def test_each_distinct_prefix_is_read_once_and_each_trajectory_only_what_is_new(smol_tokenizer):
+    # base_1 and base_3 use the same tool classes: under BFCL's view they share the whole tool block
+    first, third = _openings(smol_tokenizer, ["multi_turn_base_1", "multi_turn_base_3"], "official")
+    assert _prefix_length(first, third) > 0.9 * len(first)
+    generator = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=8192, n_threads=2, seed=1)
     try:
-        generator.generate([prompt[:8]] * 4, 1, 1.0)  # create the four contexts
-        reads = _count_reads(generator)
-        first = generator.generate([prompt] * 4, 12, 1.0)
-        generated = sum(len(ids) for ids in first)
-        # one context reads the prompt, the three others copy its cache; each re-reads only its last token
-        # and reads its own generated tokens (all but the last, which is not fed back)
-        assert reads[0] == len(prompt) + 4 + generated - 4 - 8  # minus the 8 tokens cached by the warm-up
-        reads[0] = 0
+        new = generator.generate([first, third, first, third], 12, 1.0)
+        # the prompts' prefix tree (last tokens aside, decoded with the first new ones), then each row's feed
+        assert generator.read_tokens == _distinct([first[:-1], third[:-1]]) + sum(len(ids) for ids in new)
+        assert len({tuple(ids) for ids in new}) > 1  # each row samples from its own generator
+
+        generator.read_tokens = 0
         user = smol_tokenizer("<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n",
                               add_special_tokens=False)["input_ids"]
-        follow = [prompt + ids + user for ids in first]
-        second = generator.generate(list(reversed(follow)), 12, 1.0)  # order shuffled: matched by prefix
-        assert reads[0] == sum(len(user) + 1 for _ in follow) + sum(len(ids) - 1 for ids in second)
+        follow = [ids + out + user for ids, out in zip([first, third, first, third], new)]
+        again = generator.generate(list(reversed(follow)), 12, 1.0)  # order shuffled: matched by prefix
+        # each continues its own cache: its last sampled token and the user turn, then its new message
+        assert generator.read_tokens == len(follow) * len(user) + sum(len(ids) for ids in again)
+
+        generator.read_tokens = 0
+        [later] = _openings(smol_tokenizer, ["multi_turn_base_28"], "official")  # a task that ends its episodes
+        generator.generate([later], 4, 1.0)
+        kept = max(_prefix_length(later, ids) for ids in (first, third))  # the shared tool block stayed cached
+        assert generator.read_tokens <= len(later) - kept + 4
+        assert len(generator.entries) <= 1 + 4 + 1  # the finished rows' sequences were dropped
     finally:
         generator.close()
+
+
+def _agree_or_near_tie(prompts, first, second) -> int:
+    """How many rows two greedy runs decoded alike; where they differ, the first difference must be a near-tie
+    (the two choices' logits, under a plain llama.cpp read of the shared context, within NEAR_TIE)."""
+    import llama_cpp
+
+    reference = Llama(SMOL, n_ctx=4096, n_threads=2, flash_attn=True, verbose=False)
+    try:
+        for ids, a, b in zip(prompts, first, second, strict=True):
+            if a != b:
+                split = _prefix_length(a, b)
+                reference.reset()
+                reference.eval(ids + a[:split])
+                logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(reference.ctx, -1),
+                                               shape=(reference.n_vocab(),))
+                assert abs(logits[a[split]] - logits[b[split]]) < NEAR_TIE, (split, a[split], b[split])
+    finally:
+        reference.close()
+    return sum(a == b for a, b in zip(first, second))
+
+
+def test_batched_greedy_decoding_matches_one_sequence_at_a_time(smol_tokenizer):
+    """All rows in one decode batch against each row alone in a fresh engine: the same tokens, or a near-tie."""
+    prompts = _openings(smol_tokenizer, ["multi_turn_base_1", "multi_turn_base_3", "multi_turn_base_10",
+                                         "multi_turn_base_28"])
+    batched = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=4096, n_threads=2)
+    try:
+        together = batched.generate(prompts, 24, 0.0)
+    finally:
+        batched.close()
+    alone = []
+    for ids in prompts:
+        engine = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=4096, n_threads=2)
+        try:
+            alone += engine.generate([ids], 24, 0.0)
+        finally:
+            engine.close()
+    assert _agree_or_near_tie(prompts, alone, together) >= len(prompts) // 2
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -103,7 +151,7 @@ def test_load_adapter_changes_the_policy_in_place_and_drops_stale_caches(smol_to
     adapter = export_lora_gguf(model, Path(SMOL), tmp_path / "lora.gguf")
 
     def first_token_logprobs(generator):
-        generator.rng = np.random.default_rng(0)
+        generator.reseed(0)
         generator.generate([prompt], 4, 1.0)
         return generator.sampled_logprobs[0]
 
@@ -111,7 +159,7 @@ def test_load_adapter_changes_the_policy_in_place_and_drops_stale_caches(smol_to
     try:
         plain = first_token_logprobs(generator)
         generator.load_adapter(str(adapter))
-        assert all(llm.n_tokens == 0 for llm in generator.contexts)  # computed with the old weights
+        assert generator.entries == []  # the cache was computed with the old weights
         tuned = first_token_logprobs(generator)
         generator.load_adapter(None)
         again = first_token_logprobs(generator)
@@ -122,15 +170,33 @@ def test_load_adapter_changes_the_policy_in_place_and_drops_stale_caches(smol_to
 
 
 
+def test_rows_that_do_not_fit_the_cache_together_are_played_in_waves(smol_tokenizer):
+    prompts = _openings(smol_tokenizer, [f"multi_turn_base_{n}" for n in (1, 10, 28, 40, 60, 100, 150)])
+    assert _distinct(prompts) > 2 * 1536
+    roomy = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=1024, n_threads=2, cache_tokens=8192)
+    tight = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=1024, n_threads=2, cache_tokens=1536)  # not all three
+    try:
+        expected = roomy.generate(prompts, 16, 0.0)
+        got = tight.generate(prompts, 16, 0.0)
+        assert tight.cached_tokens() <= tight.cache_tokens
+        assert _agree_or_near_tie(prompts, expected, got) >= len(prompts) // 2
+        assert sum(not entry.shared for entry in tight.entries) < len(prompts)  # earlier waves made room
+    finally:
+        roomy.close()
+        tight.close()
+
+
 def test_every_llama_cpp_reads_prompts_with_the_threads_it_was_given(smol_tokenizer):
     """llama-cpp-python reads prompts with the machine's whole CPU count unless told (2 here): a process pinned to
     fewer cores (taskset, a cgroup, one core per process of a several-process run) would oversubscribe them."""
+    import llama_cpp
+
     from seal_lite.engines.serving import InProcessModel, LocalServer
 
     generator = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=512, n_threads=1)
     generator.generate([[1, 2, 3]], 1, 0.0)
-    (llm,) = generator.contexts
-    assert (llm.context_params.n_threads, llm.context_params.n_threads_batch) == (1, 1)
+    assert (llama_cpp.llama_n_threads(generator.ctx), llama_cpp.llama_n_threads_batch(generator.ctx)) == (1, 1)
+    generator.close()
     assert InProcessModel(SMOL, n_ctx=512, n_threads=1).llm.context_params.n_threads_batch == 1
     with LocalServer(SMOL, n_ctx=512, n_threads=1) as server:
         argv = Path(f"/proc/{server.process.pid}/cmdline").read_bytes().decode().split("\0")

@@ -69,8 +69,8 @@ class _TaskKeyedGenerator:
     """A policy that answers each sequence with its own task's ground-truth calls for the turn it is in (found in
     the sequence's text), recording the size of every batch it was given and which tasks each batch mixed."""
 
-    def __init__(self, tokenizer, tasks, batches_tasks):
-        self.tokenizer, self.tasks, self.batches_tasks = tokenizer, tasks, batches_tasks
+    def __init__(self, tokenizer, tasks):
+        self.tokenizer, self.tasks = tokenizer, tasks
         self.batches: list[set[str]] = []
         self.batch_sizes: list[int] = []
 
@@ -94,7 +94,7 @@ def test_a_step_is_one_batch_across_tasks_and_chunks_cap_it(smol_tokenizer):
     rollout = Recipe().rollout.model_copy(update={"max_calls_per_turn": 2, "max_model_calls": 4, "parser": "lenient"})
     pairs = [(task, TrainingInterface()) for task in tasks]
 
-    mixing = _TaskKeyedGenerator(smol_tokenizer, tasks, batches_tasks=True)
+    mixing = _TaskKeyedGenerator(smol_tokenizer, tasks)
     groups = rollout_groups(pairs, 2, mixing, rollout)
     # two rounds (the calls, then "Done."), each one generation over all 3 tasks x G = 2 sequences
     assert mixing.batch_sizes == [6, 6] and all(len(seen) == 3 for seen in mixing.batches)
@@ -103,11 +103,7 @@ def test_a_step_is_one_batch_across_tasks_and_chunks_cap_it(smol_tokenizer):
         for trajectory in group:  # each sequence was answered for its own task: every verdict passes
             assert official_verdict(task, trajectory.steps_per_turn())["valid"] is True
 
-    capped = _TaskKeyedGenerator(smol_tokenizer, tasks, batches_tasks=True)
-    rollout_groups(pairs, 2, capped, rollout.model_copy(update={"generation_batch_size": 4}))
+    capped = _TaskKeyedGenerator(smol_tokenizer, tasks)
+    chunked = rollout_groups(pairs, 2, capped, rollout.model_copy(update={"generation_batch_size": 4}))
     assert capped.batch_sizes == [4, 2, 4, 2]
-
-    one_task_at_a_time = _TaskKeyedGenerator(smol_tokenizer, tasks, batches_tasks=False)  # llama.cpp's way
-    sequential = rollout_groups(pairs, 2, one_task_at_a_time, rollout)
-    assert one_task_at_a_time.batch_sizes == [2] * 6 and all(len(seen) == 1 for seen in one_task_at_a_time.batches)
-    assert [[t.completion_ids for t in g] for g in sequential] == [[t.completion_ids for t in g] for g in groups]
+    assert [[t.completion_ids for t in g] for g in chunked] == [[t.completion_ids for t in g] for g in groups]

@@ -7,6 +7,7 @@ from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.runs.tasks import ScreenError, frontier_task_ids
 from seal_lite.step.algorithm import SealStep
+from seal_lite.step.rollout import by_shared_prefix
 from seal_lite.step.screen import frontier, screen_tasks
 from tests.helpers import HalfRightOnSome
 
@@ -25,9 +26,10 @@ def test_screen_keeps_the_tasks_solved_sometimes_and_stores_them_once(tmp_path, 
     # the rates are the official verdicts of the real rollouts: half of multi_turn_base_3's group gets it right
     assert rates == {"multi_turn_base_0": 0.0, "multi_turn_base_2": 0.0, "multi_turn_base_3": 0.5}
     assert frontier(rates) == ["multi_turn_base_3"]
-    assert seen == [("multi_turn_base_0", 0, 4), ("multi_turn_base_2", 0, 4), ("multi_turn_base_3", 2, 4)]
-    assert {row["task_id"]: row["passes"] for row in store.screen().values()} == {
-        "multi_turn_base_0": 0, "multi_turn_base_2": 0, "multi_turn_base_3": 2}
+    passes = {"multi_turn_base_0": 0, "multi_turn_base_2": 0, "multi_turn_base_3": 2}
+    # in batches of a training step's sequences (2 tasks x 4 samples), tasks sharing tool classes together
+    assert seen == [(task.id, passes[task.id], 4) for task in by_shared_prefix(tasks)]
+    assert {row["task_id"]: row["passes"] for row in store.screen().values()} == passes
 
     # a second screen (a resumed run) plays nothing again
     again = HalfRightOnSome(smol_tokenizer, tasks, [])
