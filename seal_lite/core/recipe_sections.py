@@ -141,8 +141,8 @@ class RolloutConfig(Section):
     )
     cache_tokens: int | None = Field(
         None, ge=1024, description="llamacpp only: cells of the KV cache all sequences of a call share, each "
-        "shared prefix held once (None: 4 x the context, evaluation's included; memory is this x the model's KV "
-        "bytes per token, allocated up front). Sequences that do not fit together are played in waves.",
+        "shared prefix held once (None: 4 x max_context_tokens, or 4 x 16384 for evaluation; memory is this x the "
+        "model's KV bytes per token, allocated up front). Sequences that do not fit together are played in waves.",
     )
     max_logprob_gap: float = Field(
         1.0, gt=0.0, description="llamacpp only: a generated token whose log-probability under llama.cpp and under "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from seal_lite.core import timing
@@ -92,6 +93,7 @@ class LlamaCppGenerator:
         self.sampled_logprobs: list[list[float]] = []
         self.read_tokens = 0  # tokens decoded into the cache so far (prompts and fed-back samples alike)
         self.taken: list[_Entry] = []  # entries that a row of the current call continues
+        self.contested: set[int] = set()  # entries that several rows of the current call start from
         vocab = tokenizer.get_vocab()
         self.stop_ids = {token for token in (tokenizer.eos_token_id, vocab.get("<|im_end|>")) if token is not None}
 
@@ -178,6 +180,8 @@ class LlamaCppGenerator:
         self.calls, self.taken = self.calls + 1, []
         rows = [_Row(ids, np.random.default_rng([*self.seed, self.calls, index])) for index, ids in enumerate(batch)]
         self._forget_finished(rows)
+        sources = Counter(id(self._source(row.target)[0]) for row in rows)
+        self.contested = {source for source, wanted in sources.items() if wanted > 1}  # never cut in place
         waves = self._waves(rows, max_new_tokens)
         for number, wave in enumerate(waves):
             if number:  # the cache cannot hold every row: the last wave's rows make room (re-read next call)
@@ -286,13 +290,14 @@ class LlamaCppGenerator:
             self._run(pending[start : start + BATCH_TOKENS])
 
     def _fork(self, source: _Entry | None, length: int, own: bool) -> _Entry:
-        """An entry holding the source's first ``length`` tokens. For a row (``own``), the source itself, cut to
-        ``length``, when it is a row's entry nothing else uses (a trajectory continuing); else a new sequence
+        """An entry holding the source's first ``length`` tokens. For a row (``own``) whose source is a row's entry
+        that no other row of the call wants and nothing was forked from (a trajectory's next call, or a finished
+        episode's cache that a new one starts from), that entry itself, cut to ``length``; else a new sequence
         sharing those cells."""
         import llama_cpp
 
         if own and source is not None and not source.shared and source.children == 0 and \
-                all(entry is not source for entry in self.taken):
+                id(source) not in self.contested and all(entry is not source for entry in self.taken):
             llama_cpp.llama_memory_seq_rm(self.memory, source.seq, length, -1)
             del source.tokens[length:]
             source.own_from = min(source.own_from, length)

@@ -106,6 +106,31 @@ def test_batched_greedy_decoding_matches_one_sequence_at_a_time(smol_tokenizer):
     assert _agree_or_near_tie(prompts, alone, together) >= len(prompts) // 2
 
 
+def test_a_cached_sequence_that_two_new_rows_start_from_is_forked_not_cut(smol_tokenizer):
+    """A trajectory's cache (task A) is the longest match for two rows of one call: its own continuation and a new
+    row of another task (only the common preamble). The row sorted first must not cut the cache the other still
+    needs: each row decodes as it does in an engine of its own (or a near-tie)."""
+    first, other = _openings(smol_tokenizer, ["multi_turn_base_1", "multi_turn_base_40"])
+    engine = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=2048, n_threads=2)
+    try:
+        [message] = engine.generate([first], 8, 0.0)
+        user = smol_tokenizer("<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n",
+                              add_special_tokens=False)["input_ids"]
+        rows = [other, first + message + user]
+        assert sorted(rows)[0] is other and 0 < _prefix_length(first, other) < len(first) // 2
+        together = engine.generate(rows, 16, 0.0)
+    finally:
+        engine.close()
+    alone = []
+    for ids in rows:
+        fresh = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=2048, n_threads=2)
+        try:
+            alone += fresh.generate([ids], 16, 0.0)
+        finally:
+            fresh.close()
+    assert _agree_or_near_tie(rows, alone, together) >= 1
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_logprobs_are_llama_cpps_log_softmax_at_the_temperature(smol_tokenizer, prompt, temperature):
     import llama_cpp
