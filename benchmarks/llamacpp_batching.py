@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from seal_lite.core import timing
 from seal_lite.core.interface import TrainingInterface, evaluation_interface
 from seal_lite.core.recipe import load_recipe
 from seal_lite.engines.llamacpp import LlamaCppGenerator, _prefix_length
@@ -56,10 +57,15 @@ def baseline_engine(commit: str):
     return module.LlamaCppGenerator
 
 
-def timed(play):
+def timed(play, phases: dict | None = None):
+    """(result, wall seconds); ``phases`` gets the engine's prefill and decode seconds."""
+    timing.take()
     started = time.perf_counter()
     result = play()
-    return result, time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    if phases is not None:
+        phases.update({name: round(value, 1) for name, value in timing.take().items() if name in ("prefill", "decode")})
+    return result, seconds
 
 
 def logit_gap(model: str, context: list[int], a: int, b: int) -> float:
@@ -85,7 +91,9 @@ def part_eval(args, tokenizer, Baseline) -> dict:
     path = str(gguf_path(args.model))
 
     old = Baseline(path, tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2)
-    before, old_s = timed(lambda: [rollout_group(task, 1, old, rollout, interface)[0] for task in tasks])
+    phases = {"baseline": {}, "batched": {}}
+    before, old_s = timed(lambda: [rollout_group(task, 1, old, rollout, interface)[0] for task in tasks],
+                          phases["baseline"])
     old.close()
     new = LlamaCppGenerator(path, tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2)
 
@@ -97,7 +105,7 @@ def part_eval(args, tokenizer, Baseline) -> dict:
                 played[task.id] = trajectory
         return [played[task.id] for task in tasks]
 
-    after, new_s = timed(batched)
+    after, new_s = timed(batched, phases["batched"])
     new.close()
     differences, verdicts = [], []
     for task, a, b in zip(tasks, before, after, strict=True):
@@ -108,7 +116,7 @@ def part_eval(args, tokenizer, Baseline) -> dict:
             context = a.prompt_ids + a.completion_ids[:split]
             differences.append({"task": task.id, "token": split, "verdicts": valid,
                                 "gap": logit_gap(args.model, context, a.completion_ids[split], b.completion_ids[split])})
-    return {"tasks": len(tasks), "baseline_s": old_s, "batched_s": new_s, "speedup": old_s / new_s,
+    return {"tasks": len(tasks), "baseline_s": old_s, "batched_s": new_s, "speedup": old_s / new_s, "phases": phases,
             "solved": [sum(v[0] for v in verdicts), sum(v[1] for v in verdicts)],
             "verdicts_differ": sum(v[0] != v[1] for v in verdicts), "sequences_differ": len(differences),
             "differences": differences}
@@ -146,13 +154,16 @@ def part_step(args, tokenizer, Baseline) -> dict:
         for name, engine in engines.items():
             engine.load_adapter(None)  # a new step: caches of the last one dropped
             engine.reseed(seed, 1)
+            row[name] = {}
             if name == "baseline":
-                groups, seconds = timed(lambda e=engine: [rollout_group(t, G, e, rollout, interface) for t in tasks])
+                groups, seconds = timed(lambda e=engine: [rollout_group(t, G, e, rollout, interface) for t in tasks],
+                                        row[name])
             else:
-                groups, seconds = timed(lambda e=engine: rollout_groups([(t, interface) for t in tasks], G, e, rollout))
+                groups, seconds = timed(lambda e=engine: rollout_groups([(t, interface) for t in tasks], G, e, rollout),
+                                        row[name])
             trajectories = [t for group in groups for t in group]
             everything[name] += trajectories
-            row[name] = {"seconds": seconds, "rewards": [int(diagnose_episode(task, t.turns).valid)
+            row[name] |= {"seconds": seconds, "rewards": [int(diagnose_episode(task, t.turns).valid)
                                                          for task, group in zip(tasks, groups) for t in group]}
         row["speedup"] = row["baseline"]["seconds"] / row["batched"]["seconds"]
         seeds.append(row)
@@ -178,18 +189,20 @@ def part_screen(args, tokenizer, Baseline) -> dict:
     path = str(gguf_path(recipe.policy.model))
     old = Baseline(path, tokenizer, n_ctx=recipe.rollout.max_context_tokens, n_threads=2)
     old.reseed(recipe.seed, 0)
-    groups, old_s = timed(lambda: [rollout_group(task, 4, old, recipe.rollout, interface) for task in tasks])
+    phases = {"baseline": {}, "batched": {}}
+    groups, old_s = timed(lambda: [rollout_group(task, 4, old, recipe.rollout, interface) for task in tasks],
+                          phases["baseline"])
     old.close()
     before = [sum(diagnose_episode(task, t.turns).valid for t in group) for task, group in zip(tasks, groups)]
     new = LlamaCppGenerator(path, tokenizer, n_ctx=recipe.rollout.max_context_tokens, n_threads=2)
     new.reseed(recipe.seed, 0)
     with tempfile.TemporaryDirectory() as directory:
         store = Store(Path(directory) / "seal.db")
-        rates, new_s = timed(lambda: screen_tasks(tasks, new, recipe, store))
+        rates, new_s = timed(lambda: screen_tasks(tasks, new, recipe, store), phases["batched"])
     new.close()
     after = [round(rates[task.id] * 4) for task in tasks]
     return {"tasks": len(tasks), "samples": 4, "baseline_s": old_s, "batched_s": new_s, "speedup": old_s / new_s,
-            "passes": [sum(before), sum(after)], "tasks_with_signal": [sum(0 < p < 4 for p in before),
+            "phases": phases, "passes": [sum(before), sum(after)], "tasks_with_signal": [sum(0 < p < 4 for p in before),
                                                                       sum(0 < p < 4 for p in after)]}
 
 

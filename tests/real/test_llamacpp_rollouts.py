@@ -177,7 +177,9 @@ def test_load_adapter_changes_the_policy_in_place_and_drops_stale_caches(smol_to
 
     def first_token_logprobs(generator):
         generator.reseed(0)
-        generator.generate([prompt], 4, 1.0)
+        before = generator.read_tokens
+        [ids] = generator.generate([prompt], 4, 1.0)
+        assert generator.read_tokens - before == len(prompt) - 1 + len(ids)  # the whole prompt, read afresh
         return generator.sampled_logprobs[0]
 
     generator = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=2048, n_threads=2)
@@ -192,7 +194,6 @@ def test_load_adapter_changes_the_policy_in_place_and_drops_stale_caches(smol_to
         generator.close()
     assert plain != tuned
     assert np.allclose(plain, again, atol=1e-4)
-
 
 
 def test_rows_that_do_not_fit_the_cache_together_are_played_in_waves(smol_tokenizer):

@@ -5,7 +5,7 @@ of tests/real/test_resume.py, tests/real/test_distributed.py and benchmarks/kill
 message the transformers engine generates through a script that may answer with the task's ground truth instead:
 groups then mix rewards 1 and 0, and the LoRA weights and optimizer moments really change.
 
-The patch replaces module globals of seal_lite (``algorithm.rollout_groups``, ``screen.rollout_group``,
+The patch replaces module globals of seal_lite (``algorithm.rollout_groups``, ``screen.rollout_groups``,
 ``TransformersGenerator.generate``): a rename there breaks these harnesses, which is why this is test scaffolding
 and not part of the package. The harness process imports it after putting the repository root on ``sys.path``.
 """
@@ -29,15 +29,10 @@ def script_generation(answer: Callable, sample: bool = True) -> None:
     from seal_lite.engines import transformers_generate
     from seal_lite.step import algorithm, screen
     rollout_groups, generate, playing = algorithm.rollout_groups, transformers_generate.TransformersGenerator.generate, {}
-    rollout_group = screen.rollout_group
 
-    def recording_rollout_groups(pairs, *args, **kwargs):
+    def recording_rollout_groups(pairs, *args, **kwargs):  # a step's, or the frontier screen's
         playing["tasks"] = [task for task, _ in pairs]
         return rollout_groups(pairs, *args, **kwargs)
-
-    def recording_rollout_group(task, *args, **kwargs):  # the frontier screen's
-        playing["tasks"] = [task]
-        return rollout_group(task, *args, **kwargs)
 
     def scripted(self, batch, max_new_tokens, temperature):
         sampled = generate(self, batch, max_new_tokens, temperature) if sample else [None] * len(batch)
@@ -49,7 +44,7 @@ def script_generation(answer: Callable, sample: bool = True) -> None:
         return answers
 
     algorithm.rollout_groups, transformers_generate.TransformersGenerator.generate = recording_rollout_groups, scripted
-    screen.rollout_group = recording_rollout_group
+    screen.rollout_groups = recording_rollout_groups
 
 
 def sometimes_right(tokenizer, task, index, sampled) -> list[int]:
