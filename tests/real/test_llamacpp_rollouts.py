@@ -32,6 +32,12 @@ def _openings(tokenizer, task_ids, view="signatures"):
     return [TokenConversation(tokenizer, opening_messages(task, interface)).ids for task in load_tasks(task_ids)]
 
 
+def _user_turn(tokenizer) -> list[int]:
+    """A user turn as SmolLM2's template appends it after a model message."""
+    return tokenizer("<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n",
+                     add_special_tokens=False)["input_ids"]
+
+
 def _distinct(sequences) -> int:
     """Tokens in the prefix tree of ``sequences``: what reading every distinct prefix once costs."""
     ordered = sorted(sequences)
@@ -50,8 +56,7 @@ def test_each_distinct_prefix_is_read_once_and_each_trajectory_only_what_is_new(
         assert len({tuple(ids) for ids in new}) > 1  # each row samples from its own generator
 
         generator.read_tokens = 0
-        user = smol_tokenizer("<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n",
-                              add_special_tokens=False)["input_ids"]
+        user = _user_turn(smol_tokenizer)
         follow = [ids + out + user for ids, out in zip([first, third, first, third], new)]
         again = generator.generate(list(reversed(follow)), 12, 1.0)  # order shuffled: matched by prefix
         # each continues its own cache: its last sampled token and the user turn, then its new message
@@ -87,6 +92,18 @@ def _agree_or_near_tie(prompts, first, second) -> int:
     return sum(a == b for a, b in zip(first, second))
 
 
+def _each_alone(tokenizer, prompts, new_tokens: int, n_ctx: int) -> list[list[int]]:
+    """Greedy outputs of each prompt in an engine of its own."""
+    outputs = []
+    for ids in prompts:
+        engine = LlamaCppGenerator(SMOL, tokenizer, n_ctx=n_ctx, n_threads=2)
+        try:
+            outputs += engine.generate([ids], new_tokens, 0.0)
+        finally:
+            engine.close()
+    return outputs
+
+
 def test_batched_greedy_decoding_matches_one_sequence_at_a_time(smol_tokenizer):
     """All rows in one decode batch against each row alone in a fresh engine: the same tokens, or a near-tie."""
     prompts = _openings(smol_tokenizer, ["multi_turn_base_1", "multi_turn_base_3", "multi_turn_base_10",
@@ -96,13 +113,7 @@ def test_batched_greedy_decoding_matches_one_sequence_at_a_time(smol_tokenizer):
         together = batched.generate(prompts, 24, 0.0)
     finally:
         batched.close()
-    alone = []
-    for ids in prompts:
-        engine = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=4096, n_threads=2)
-        try:
-            alone += engine.generate([ids], 24, 0.0)
-        finally:
-            engine.close()
+    alone = _each_alone(smol_tokenizer, prompts, 24, n_ctx=4096)
     assert _agree_or_near_tie(prompts, alone, together) >= len(prompts) // 2
 
 
@@ -114,20 +125,13 @@ def test_a_cached_sequence_that_two_new_rows_start_from_is_forked_not_cut(smol_t
     engine = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=2048, n_threads=2)
     try:
         [message] = engine.generate([first], 8, 0.0)
-        user = smol_tokenizer("<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n",
-                              add_special_tokens=False)["input_ids"]
+        user = _user_turn(smol_tokenizer)
         rows = [other, first + message + user]
         assert sorted(rows)[0] is other and 0 < _prefix_length(first, other) < len(first) // 2
         together = engine.generate(rows, 16, 0.0)
     finally:
         engine.close()
-    alone = []
-    for ids in rows:
-        fresh = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=2048, n_threads=2)
-        try:
-            alone += fresh.generate([ids], 16, 0.0)
-        finally:
-            fresh.close()
+    alone = _each_alone(smol_tokenizer, rows, 16, n_ctx=2048)
     assert _agree_or_near_tie(rows, alone, together) >= 1
 
 
