@@ -101,26 +101,39 @@ def run(recipe, overrides, out, overwrite, processes):
 @main.command()
 @recipe_options
 @click.option("--samples", type=click.IntRange(min=2), help="Samples per task (default: data.screen, else 4).")
-def screen(recipe, overrides, out, samples):
+@click.option("--write-frontier", "frontier_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write the frontier tasks to FILE, with this command in its header: a recipe trains on them "
+              "with data.task_file: FILE.")
+def screen(recipe, overrides, out, samples, frontier_file):
     """Screen a recipe's tasks: which ones the base policy solves sometimes, but not always (a learning signal).
 
     \b
     Example:
       seal-lite screen recipes/cpu-qwen0.5b.yaml --samples 4 --set data.num_tasks=20
+      seal-lite screen recipes/cpu-learn.yaml --set data.task_ids=null --write-frontier data/frontier/mine.txt
     """
+    import shlex
+
     from seal_lite.console import RichProgress, print_screen
 
+    command = shlex.join(["seal-lite", "screen", *([recipe] if recipe else []), *(["--out", out] if out else []),
+                          *(["--samples", str(samples)] if samples else []),
+                          *[item for pair in overrides for item in ("--set", pair)],
+                          "--write-frontier", str(frontier_file)])
     config = _load(recipe, overrides + ((f"data.screen={samples}",) if samples else ()), out=out)
     samples = config.data.screen or api.SCREEN_SAMPLES
     with RichProgress(0) as progress:
-        pass_rates = api.screen(config, out, samples=samples, progress=progress)
+        pass_rates = api.screen(config, out, samples=samples, progress=progress, frontier_file=frontier_file,
+                                command=command)
     print_screen(pass_rates, samples)
+    if frontier_file:
+        click.echo(f"wrote the frontier to {frontier_file}: train on it with --set data.task_file={frontier_file}")
 
 
 @main.command()
 @json_output
 @click.option("--model", metavar="SPEC", help="Model for the masking self-test (default: the quickstart's policy).")
-@click.option("--no-self-test", is_flag=True, help="Skip the masking self-test (about 20 s on 2 CPU cores).")
+@click.option("--no-self-test", is_flag=True, help="Skip the masking self-test (about 50 s on 2 CPU cores).")
 @click.option("--backend", type=click.Choice(["peft", "peft-4bit"]), default="peft", help="Self-test's policy backend.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", help="Self-test's dtype.")
 def doctor(as_json, model, no_self_test, backend, dtype):

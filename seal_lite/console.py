@@ -8,6 +8,7 @@ from rich.table import Table
 
 from seal_lite.core import metrics as m
 from seal_lite.core.labels import SUCCESS_LABELS
+from seal_lite.core.trend import reward_trend
 
 console = Console()
 progress_console = Console(stderr=True)  # evaluation progress: stdout keeps only the results table
@@ -194,18 +195,39 @@ def reward_curve(rewards: list[float]) -> str:
     return line
 
 
+# what a newcomer runs after the quickstart to see learning, and what it costs (docs/results.md)
+WATCH_A_RISE = "seal-lite run recipes/cpu-learn.yaml   # the reward rises: about 23 minutes on 2 CPU cores"
+
+
 def print_summary(summary) -> None:
+    """The run's closing table: what the steps did (reward, signal, loss, how far the LoRA moved, the
+    diagnosis) and what to run next."""
+    def per_step(values, fmt: str) -> str:
+        return ", ".join(format(value, fmt) if value is not None else "-" for value in values) or "-"
+
     table = Table(title="seal-lite run summary", show_header=False, min_width=60)
     table.add_row("steps", str(summary.steps))
-    table.add_row("mean reward (official verdict)", f"{summary.reward_mean:.3f}")
-    table.add_row("reward per step", reward_curve(summary.rewards))
-    table.add_row("loss per step", ", ".join(f"{x:.4g}" if x is not None else "-" for x in summary.loss))
+    table.add_row("reward per step (official verdict)", f"{per_step(summary.rewards, '.2f')}  "
+                  f"{reward_curve(summary.rewards)}  mean {summary.reward_mean:.3f}")
+    if (trend := reward_trend(summary.rewards)) is not None:
+        table.add_row("reward trend", trend.describe())
+    table.add_row("groups with a signal", f"{per_step(summary.signal, '.0%')} of the groups each step drew "
+                  "(rewards differ: GRPO learns only from those)")
+    table.add_row("loss per step", per_step(summary.loss, ".4g"))
+    table.add_row("LoRA moved per step", per_step(summary.lora_change, ".3g") + "  (norm of the update; 0: no update)")
     labels = ", ".join(f"{label} {n}" for label, n in summary.label_counts.items()) or "-"
     table.add_row("turn labels", labels)
     table.add_row("diagnosis weight range", f"{summary.weight_min:.2f} - {summary.weight_max:.2f}")
+    table.add_row("interface", f"{summary.interface_versions} versions; the diagnoser explained "
+                  f"{summary.explanations} failed turns")
     table.add_row("wall time", f"{summary.wall_time_s:.0f} s ({summary.wall_time_s / 60:.1f} min)")
     table.add_row("database", str(summary.db_path))
     console.print(table)
+    run = summary.run_dir or summary.db_path.parent
+    console.print(f"Next:\n  seal-lite report {run}      # plots of every step, as a page\n"
+                  f"  seal-lite diagnose {run}    # the failed turns, their labels and explanations")
+    if summary.name == "quickstart":
+        console.print(f"  {WATCH_A_RISE}")
 
 
 def print_evaluation(summaries: dict[str, dict[str, dict[str, float]]]) -> None:

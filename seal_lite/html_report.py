@@ -18,6 +18,7 @@ from pathlib import Path
 from seal_lite.core.advantages import share_with_signal
 from seal_lite.core.interface import describe_version, diff_versions
 from seal_lite.core.labels import SUCCESS_LABELS
+from seal_lite.core.trend import reward_trend
 from seal_lite.engines.store import Store
 
 FIGURES = ("reward", "labels", "rho", "weights")
@@ -41,7 +42,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None, samples: int = 4) -
         f"<h1>seal-lite run {html.escape(run['name'])}</h1>",
         f"<p>model {html.escape(run['model'])}, status {html.escape(run['status'])}, {len(steps)} steps</p>",
         _figure(pngs["reward"], "Reward (official verdict), its moving average, turn pass rate, and the share of "
-                                "groups with unequal rewards (the only ones GRPO learns from) per step"),
+                                "groups with unequal rewards (the only ones GRPO learns from) per step" + _trend(store)),
         _figure(pngs["labels"], "Turn labels per step (share of countable labels)"),
         _figure(pngs["rho"], "Label utilities rho per step (closed-loop update)"),
         _figure(pngs["weights"], "Diagnosis weights of the trajectories"),
@@ -94,6 +95,12 @@ def _plot_reward(store: Store, steps: list[int], path: Path) -> None:
     axes.set(xlabel="step", ylim=(-0.05, 1.05))
     axes.legend(fontsize=7)
     _save(figure, path)
+
+
+def _trend(store: Store) -> str:
+    """The reward's trend test (steps as units) for the caption, from 4 steps on."""
+    trend = reward_trend([value for _, value in store.metrics("reward/mean")])
+    return f". Reward trend: {trend.describe()}" if trend else ""
 
 
 def signal_shares(store: Store) -> dict[int, float]:

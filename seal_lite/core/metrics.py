@@ -118,6 +118,8 @@ TRL_LOG = Metric("grpo/<name>", "TRL's own log of the update, averaged over the 
                  "forward and backward passes were skipped), …", writer="update")
 LORA_NORM = Metric("grpo/lora_norm", "norm of all LoRA parameters: it moves only when an update changed the "
                    "adapter", writer="update")
+LORA_CHANGE = Metric("grpo/lora_change", "norm of the change the step's update made to the LoRA parameters (0: "
+                     "the update was skipped or moved nothing)", writer="update")
 ENGINE_GAP_MEAN = Metric("grpo/engine/logprob_gap_mean", "llama.cpp rollouts: mean |log-prob gap| between "
                          "llama.cpp and the trained model on the generated tokens", writer="update")
 ENGINE_GAP_MAX = Metric("grpo/engine/logprob_gap_max", "llama.cpp rollouts: the largest such gap", writer="update")
@@ -132,7 +134,7 @@ METRICS: tuple[Metric, ...] = (
     LABEL_COUNT, LABEL_RATE, RHO, INTERFACE_VERSION, INTERFACE_GUIDELINES,
     *DIAGNOSER_COUNTS.values(), LABEL_AGREEMENT,
     TOKENS_MODEL, TOKENS_TOTAL, ROLLOUT_SECONDS, PHASE_SECONDS, STORE_SECONDS,
-    TRL_LOG, LORA_NORM, ENGINE_GAP_MEAN, ENGINE_GAP_MAX, ENGINE_FILTERED_SHARE, UPDATE_SECONDS,
+    TRL_LOG, LORA_NORM, LORA_CHANGE, ENGINE_GAP_MEAN, ENGINE_GAP_MAX, ENGINE_FILTERED_SHARE, UPDATE_SECONDS,
 )
 
 

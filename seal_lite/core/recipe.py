@@ -62,7 +62,7 @@ class Recipe(Section):
         if self.rollout.num_generations < 2:
             problems.append(("rollout.num_generations", self.rollout.num_generations,
                              "GRPO needs at least 2 samples per task to compare them; set it to 4"))
-        if self.data.task_ids is None and self.grpo.tasks_per_step > self.data.num_tasks:
+        if self.data.task_ids is None and self.data.task_file is None and self.grpo.tasks_per_step > self.data.num_tasks:
             problems.append(("grpo.tasks_per_step", self.grpo.tasks_per_step,
                              f"a step cannot sample more tasks than data.num_tasks ({self.data.num_tasks}); "
                              f"lower it or raise data.num_tasks"))

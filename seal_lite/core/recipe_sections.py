@@ -30,7 +30,7 @@ def refuse(problems: list[Problem]) -> None:
 
 class PolicyConfig(Section):
     model: str = Field(
-        "smollm2-135m",
+        "qwen2.5-coder-0.5b",
         description="Policy model: a registry name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
         "shipped as GGUF in pip packages), a local model directory, a local .gguf file, or a hub id.",
     )
@@ -40,8 +40,8 @@ class PolicyConfig(Section):
         "(emulated bf16 is 5-20x slower). float16 (GPU only): what auto picks on a T4, named to train with a T4's "
         "numerics on a newer card. `seal-lite doctor` shows the choice and why."
     )
-    lora_r: int = Field(8, ge=1, description="LoRA rank.")
-    lora_alpha: int = Field(16, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
+    lora_r: int = Field(16, ge=1, description="LoRA rank.")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
     backend: Literal["auto", "unsloth", "peft-4bit", "peft"] = Field(
         "auto",
@@ -69,7 +69,15 @@ class DataConfig(Section):
         ["base"], min_length=1, description="BFCL multi-turn categories to draw from."
     )
     task_ids: list[str] | None = Field(
-        None, description="Explicit BFCL ids (e.g. multi_turn_base_10); overrides split/num_tasks/categories."
+        None, description="Explicit BFCL ids (e.g. multi_turn_base_10); overrides task_file and split/num_tasks/"
+        "categories.",
+    )
+    task_file: str | None = Field(
+        "data/frontier/qwen2.5-coder-0.5b.txt", description="A file of BFCL ids, one per line (# starts a comment), "
+        "as `seal-lite screen --write-frontier FILE` writes it; overrides split/num_tasks/categories. A relative path "
+        "is read from the current directory, else from where seal-lite's data/ folder is. The default, the frontier "
+        "Qwen2.5-Coder-0.5B's screen found, applies only to a recipe that sets none of task_ids, split, num_tasks "
+        "and categories.",
     )
     screen: int | None = Field(
         None, ge=2, description="Frontier screen (not in the paper): before training, play this many samples of every "
@@ -87,6 +95,10 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> DataConfig:
+        # the default task file is the quickstart's: a recipe that selects tasks in another way draws from those
+        if "task_file" not in self.model_fields_set and self.model_fields_set & {"task_ids", "split", "num_tasks",
+                                                                                "categories"}:
+            self.task_file = None
         if self.task_ids == []:
             refuse([("data.task_ids", [], "an empty list selects no task; name BFCL ids such as multi_turn_base_0, "
                       "or remove the field to draw from data.split")])
@@ -99,8 +111,8 @@ class DataConfig(Section):
 class RolloutConfig(Section):
     num_generations: int = Field(4, description="G: trajectories per task (the paper uses 8).")
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of training rollouts.")
-    max_new_tokens: int = Field(48, ge=8, description="Token budget of one model call.")
-    max_model_calls: int = Field(6, ge=1, description="Model messages per episode, over all turns (paper: 20).")
+    max_new_tokens: int = Field(96, ge=8, description="Token budget of one model call.")
+    max_model_calls: int = Field(4, ge=1, description="Model messages per episode, over all turns (paper: 20).")
     max_calls_per_turn: int | None = Field(
         2, ge=1, description="Training only: model messages per user turn before the turn is closed (None: no cap, "
         "as in the paper). Evaluation never caps a turn: it ends when the model answers without a tool call.",
@@ -117,10 +129,10 @@ class RolloutConfig(Section):
         "calls. Evaluation always uses strict.",
     )
     max_turns: int | None = Field(
-        2, ge=1, description="Play at most this many user turns per task (None: all). Keeps CPU runs short."
+        1, ge=1, description="Play at most this many user turns per task (None: all). Keeps CPU runs short."
     )
     max_context_tokens: int = Field(
-        8192, ge=256, description="Stop the episode before the context exceeds this (paper: 16384; the official tool "
+        4096, ge=256, description="Stop the episode before the context exceeds this (paper: 16384; the official tool "
         "block alone is 3-5k tokens).",
     )
     backend: Literal["auto", "transformers", "llamacpp"] = Field(
@@ -169,7 +181,7 @@ class InterfaceConfig(Section):
         "template", description="Where guideline texts come from: fixed templates, or the local diagnoser's hints."
     )
     tool_format: Literal["official", "signatures"] = Field(
-        "official",
+        "signatures",
         description="How tools appear in the training system prompt. official: BFCL's JSON docs in the tool block "
         "of docs/method.md §8 (what evaluation shows). signatures: one line per tool, about 6x fewer tokens but "
         "without descriptions or enums, for small CPU budgets; a training-time departure from the paper.",
@@ -223,9 +235,9 @@ class GRPOConfig(Section):
     steps: int = Field(2, ge=1, description="Number of SEAL steps (policy updates).")
     tasks_per_step: int = Field(2, ge=1, description="Tasks sampled per step (paper: 32).")
     learning_rate: float = Field(
-        2e-5, gt=0.0, description="AdamW learning rate (paper: 1e-6 full fine-tuning; LoRA needs more)."
+        1e-4, gt=0.0, description="AdamW learning rate (paper: 1e-6 full fine-tuning; LoRA needs more)."
     )
-    beta: float = Field(0.001, ge=0.0, description="KL coefficient to the reference policy (paper: 0.001).")
+    beta: float = Field(0.0, ge=0.0, description="KL coefficient to the reference policy (paper: 0.001).")
     epsilon: float = Field(0.2, gt=0.0, description="PPO clip range (paper: 0.2).")
     loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field(
         "grpo", description="TRL loss aggregation. grpo: token-mean inside each trajectory, then the mean over "
@@ -261,7 +273,7 @@ class GRPOConfig(Section):
     )
     num_iterations: int = Field(1, ge=1, description="PPO epochs over each step's trajectories (paper: 1).")
     dynamic_sampling: int | None = Field(
-        None, ge=1, description="DAPO's dynamic sampling (not in the paper): a group whose rewards are all equal "
+        4, ge=1, description="DAPO's dynamic sampling (not in the paper): a group whose rewards are all equal "
         "(no learning signal) is replaced by the group of another task of the pool, until every group has a signal "
         "or this many extra groups were rolled out in the step. None: off.",
     )

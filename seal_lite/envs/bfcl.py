@@ -94,12 +94,16 @@ def category_of(task_id: str) -> str:
     return category
 
 
+def data_folder() -> Path:
+    """seal-lite's data/ folder: inside the installed package, or beside it in a checkout."""
+    packaged = Path(__file__).parent.parent / "data"
+    return packaged if packaged.exists() else Path(__file__).parent.parent.parent / "data"
+
+
 def split_ids(split: str, categories: list[str] | tuple[str, ...] = CATEGORIES) -> list[str]:
     """The ids of a SEAL split (data/<split>_ids.txt: train or eval) in the given categories, in file order."""
-    packaged = Path(__file__).parent.parent / "data"  # inside the installed package, or beside it in a checkout
-    folder = packaged if packaged.exists() else Path(__file__).parent.parent.parent / "data"
     wanted = {f"multi_turn_{category}_" for category in categories}
-    ids = (folder / f"{split}_ids.txt").read_text().split()
+    ids = (data_folder() / f"{split}_ids.txt").read_text().split()
     return [task_id for task_id in ids if task_id.rsplit("_", 1)[0] + "_" in wanted]
 
 

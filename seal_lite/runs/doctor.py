@@ -286,7 +286,7 @@ def models() -> list[dict]:
 
 
 def default_self_test_model() -> str:
-    """The default recipe's policy model (smollm2-135m)."""
+    """The default recipe's policy model (the quickstart's, qwen2.5-coder-0.5b)."""
     from seal_lite.core.recipe import load_recipe
 
     return load_recipe(None).policy.model
@@ -296,8 +296,8 @@ def report(self_test_model: str | None = None, *, self_test: bool = True, **self
     """Everything ``seal-lite doctor`` shows, as one JSON-serialisable dict.
 
     ``self_test_model`` is a model spec as in ``policy.model`` (registry name, directory, .gguf file, hub id);
-    None means the default recipe's policy model. ``self_test=False`` skips the self-test (about 20 s on 2 CPU
-    cores for smollm2-135m). Extra keyword arguments go to ``masking_self_test``. ``ok`` is False when a required
+    None means the default recipe's policy model. ``self_test=False`` skips the self-test (46 s on 2 CPU cores
+    for qwen2.5-coder-0.5b in bf16). Extra keyword arguments go to ``masking_self_test``. ``ok`` is False when a required
     backend is missing or mis-pinned, or the self-test failed.
     """
     from seal_lite.engines.model_sources import resolve_model

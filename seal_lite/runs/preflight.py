@@ -202,20 +202,36 @@ def policy_problems(policy) -> list[Problem]:
 
 
 def data_problems(data) -> list[Problem]:
+    from seal_lite.runs.tasks import read_task_file, task_file_path
+
+    if not data.task_file or data.task_ids:
+        return _id_problems("data.task_ids", data.task_ids or ())
+    path = task_file_path(data.task_file)
+    if not path.is_file():
+        return [("data.task_file", data.task_file, f"no such file (looked for {path}); write one with `seal-lite "
+                 "screen RECIPE --write-frontier FILE`, or set data.task_ids or data.split instead")]
+    ids = read_task_file(path)
+    if not ids:
+        return [("data.task_file", data.task_file, "the file names no task (one BFCL id per line, # comments); "
+                 "screen a larger slice, or name another file")]
+    return _id_problems(f"data.task_file ({data.task_file})", ids)
+
+
+def _id_problems(field: str, task_ids) -> list[Problem]:
     from seal_lite.envs.bfcl import CATEGORIES, category_of, task_ids_of
 
     problems = []
-    for task_id in data.task_ids or ():
+    for task_id in task_ids:
         try:
             category = category_of(task_id)
         except KeyError:
-            problems.append(("data.task_ids", task_id, f"not a BFCL multi-turn id; ids look like multi_turn_base_0, "
+            problems.append((field, task_id, f"not a BFCL multi-turn id; ids look like multi_turn_base_0, "
                              f"with a category among {', '.join(CATEGORIES)}"))
             continue
         known = task_ids_of(category)
         if task_id not in known:
             numbers = sorted(int(known_id.rsplit("_", 1)[1]) for known_id in known)
-            problems.append(("data.task_ids", task_id, f"bfcl-eval's {category} data has no such task; its ids "
+            problems.append((field, task_id, f"bfcl-eval's {category} data has no such task; its ids "
                              f"run from multi_turn_{category}_{numbers[0]} to multi_turn_{category}_{numbers[-1]}"))
     return problems
 
@@ -238,9 +254,15 @@ def diagnoser_problems(diagnoser) -> list[Problem]:
 def recipe_problems(recipe) -> list[Problem]:
     """What spans sections: the tasks the data section selects, and who plays the rollouts."""
     from seal_lite.envs.bfcl import split_ids
+    from seal_lite.runs.tasks import read_task_file, task_file_path
 
     problems = []
-    if recipe.data.task_ids is None:
+    if recipe.data.task_file and not recipe.data.task_ids:
+        named = len(read_task_file(task_file_path(recipe.data.task_file)))
+        if recipe.grpo.tasks_per_step > named:
+            problems.append(("grpo.tasks_per_step", recipe.grpo.tasks_per_step, f"a step cannot sample more tasks "
+                             f"than data.task_file names ({named}); lower it or name a longer file"))
+    elif recipe.data.task_ids is None:
         available = len(split_ids(recipe.data.split, recipe.data.categories))
         categories = ", ".join(recipe.data.categories)
         if available < recipe.data.num_tasks:

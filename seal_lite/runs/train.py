@@ -45,6 +45,12 @@ class RunSummary:
     wall_time_s: float
     loss: list[float]
     rewards: list[float]  # reward/mean of each step
+    signal: list[float] = ()  # per step, the share of the groups it drew whose rewards differ
+    lora_change: list[float] = ()  # per step, how far its update moved the LoRA (0: no update)
+    interface_versions: int = 1
+    explanations: int = 0  # failed turns the local diagnoser explained
+    name: str = ""
+    run_dir: Path | None = None
 
 
 @contextlib.contextmanager
@@ -144,10 +150,24 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
 
 
 def _finish(recipe: Recipe, store: Store, started: float) -> RunSummary:
+    from seal_lite.core import metrics as m
+
     wall = time.time() - started
     store.finish_run(recipe.name, "finished", wall)
     steps = store.steps()
+
+    def per_step(metric) -> list[float]:
+        values = dict(store.metrics(metric.name))
+        return [values.get(step["step"], 0.0) for step in steps]
+
     return RunSummary(
+        signal=per_step(m.DRAWN_GROUPS_WITH_SIGNAL),
+        lora_change=per_step(m.LORA_CHANGE),
+        interface_versions=len(store.interface_versions()),
+        explanations=int(sum(per_step(m.DIAGNOSER_COUNTS["asked"])) - sum(per_step(m.DIAGNOSER_COUNTS["invalid"]))
+                         - sum(per_step(m.DIAGNOSER_COUNTS["failed"]))),
+        name=recipe.name,
+        run_dir=store.path.parent,
         db_path=store.path,
         steps=len(steps),
         reward_mean=sum(s["reward_mean"] for s in steps) / max(1, len(steps)),

@@ -79,6 +79,11 @@ class StoreCallback(TrainerCallback):
 
     def __init__(self, store: Store, updates: int, rollouts_done_at: Callable[[], float | None] | None = None):
         self.store, self.updates, self.rollouts_done_at = store, updates, rollouts_done_at
+        self.lora_before: dict[str, torch.Tensor] = {}  # the LoRA as the last log (or the start) left it
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            self.lora_before = lora_parameters(model)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs or state.global_step == 0:
@@ -88,6 +93,10 @@ class StoreCallback(TrainerCallback):
         model = kwargs.get("model")
         if model is not None:
             metrics[m.LORA_NORM.name] = lora_norm(model)
+            lora = lora_parameters(model)
+            if self.lora_before.keys() == lora.keys():
+                metrics[m.LORA_CHANGE.name] = change_norm(self.lora_before, lora)
+            self.lora_before = lora
         done_at = self.rollouts_done_at() if self.rollouts_done_at else None
         if done_at:
             metrics[m.UPDATE_SECONDS.name] = time.time() - done_at
@@ -105,6 +114,16 @@ class CheckpointCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         directory = os.path.join(args.output_dir, f"{CHECKPOINT_PREFIX}{state.global_step}")
         self.commit(state.global_step // self.updates, directory)
+
+
+def lora_parameters(model) -> dict[str, torch.Tensor]:
+    """A copy of the LoRA parameters, by name (a few MB for the CPU models)."""
+    return {name: p.detach().float().clone() for name, p in model.named_parameters() if "lora_" in name}
+
+
+def change_norm(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
+    """Frobenius norm of ``after - before`` over all parameters."""
+    return float(torch.stack([(after[name] - before[name]).pow(2).sum() for name in after]).sum().sqrt()) if after else 0.0
 
 
 def lora_norm(model) -> float:

@@ -13,6 +13,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from seal_lite import console
+from seal_lite.core.recipe import load_recipe
 from seal_lite.engines import transformers_generate
 from seal_lite.engines.model_sources import REGISTRY, PipGGUF
 from seal_lite.envs.bfcl import load_tasks
@@ -20,6 +21,8 @@ from seal_lite.runs import doctor, selftest
 from seal_lite.step.rollout import TokenConversation
 from seal_lite.training import grpo
 from tests.helpers import ScriptedGenerator, tool_call_text
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_hardware_reports_cores_ram_torch_and_gpus():
@@ -154,7 +157,7 @@ def test_report_is_json_and_a_self_test_that_cannot_run_is_a_failure():
         assert f"\n{section}" in "\n" + text
     assert "✗ FAILED" in text and text.endswith("✗ not ready to train: the masking self-test failed")
     assert doctor.report(self_test=False)["self_test"] is None
-    assert doctor.default_self_test_model() == "smollm2-135m"
+    assert doctor.default_self_test_model() == load_recipe(ROOT / "recipes" / "quickstart.yaml").policy.model
 
 
 def test_doctor_command_prints_json_and_text():

@@ -1,5 +1,6 @@
-"""The notebooks cannot silently rot: the teaching notebook is executed end to end on the CPU (real SmolLM2, real
-BFCL, bfcl-eval's checker, a real LoRA update) and its results are checked independently; every command, option
+"""The notebooks cannot silently rot: the teaching notebook is executed end to end on the CPU (real
+Qwen2.5-Coder-0.5B on a frontier task, real BFCL, bfcl-eval's checker, a real LoRA update from real rewards) and
+its results are checked independently; every command, option
 and recipe of the Colab/Kaggle notebook is checked against the CLI."""
 
 import json
@@ -38,6 +39,8 @@ print(json.dumps({
     "env_tokens": [len(t.env_mask) - sum(t.env_mask) for t in trajectories],
     "loss": result.training_loss, "moved": moved, "norm_before": norm_before,
     "norm_after": lora_norm(trainer.model), "guidelines": list(evolved.guidelines),
+    "max_turns": recipe.rollout.max_turns, "groups_played": groups_played,
+    "calls": [t.num_model_calls for t in trajectories],
 }))
 """
 
@@ -60,7 +63,8 @@ def text_of(cell) -> str:
 
 def test_the_teaching_notebook_runs_one_real_seal_step_end_to_end(tmp_path, monkeypatch):
     """Every cell runs on the CPU from the repository root; the numbers it shows are what the library and
-    bfcl-eval's checker say. Minutes on 2 cores: SmolLM2 rolls out 4 trajectories and takes one LoRA update."""
+    bfcl-eval's checker say. Minutes on 2 cores: Qwen2.5-Coder-0.5B rolls out 4 trajectories of a frontier task
+    (again while their rewards are all equal) and takes one LoRA update from their real advantages."""
     from nbclient import NotebookClient
 
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
@@ -77,10 +81,15 @@ def test_the_teaching_notebook_runs_one_real_seal_step_end_to_end(tmp_path, monk
     assert seen["cwd"] == str(ROOT)
 
     # steps 1-3: a real task, G real trajectories, with model and environment tokens told apart
+    from seal_lite.runs.tasks import read_task_file
+
+    assert seen["task_id"] in read_task_file(ROOT / "data" / "frontier" / "qwen2.5-coder-0.5b.txt")
     (task,) = load_tasks([seen["task_id"]])
-    task = task.truncated(2)
+    task = task.truncated(seen["max_turns"])
     G = len(seen["rewards"])
-    assert G == 4 and all(n > 0 for n in seen["model_tokens"]) and all(n > 0 for n in seen["env_tokens"])
+    assert G == 4 and all(n > 0 for n in seen["model_tokens"])
+    # the environment wrote inside a completion (a tool result) exactly when the model called a tool and wrote again
+    assert [n > 0 for n in seen["env_tokens"]] == [calls > 1 for calls in seen["calls"]]
     assert re.search(r"prompt tokens: \d+ with this interface, \d+ without Ω .*, \d+ with BFCL's full JSON", outputs)
 
     # step 4: each reward is 0 or 1 and is bfcl-eval's verdict on the calls the trajectory made
@@ -104,14 +113,11 @@ def test_the_teaching_notebook_runs_one_real_seal_step_end_to_end(tmp_path, monk
     assert all(0.5 <= w <= 2.0 for w in seen["weights"])
     assert seen["final"] == pytest.approx(weighted_advantages(seen["advantages"], seen["weights"]))
 
-    # step 9: the update trains on the real advantages, or, when they are all 0, on the labelled forced example
-    if any(seen["final"]):
-        assert seen["batch_rewards"] == seen["rewards"] and "trains on them" in outputs
-    else:
-        assert seen["batch_rewards"] == [1.0, 0.0] * (G // 2) and "FORCED EXAMPLE" in outputs
-        assert seen["batch_advantages"] == pytest.approx(
-            weighted_advantages(group_advantages(seen["batch_rewards"]), seen["weights"]))
-    assert any(seen["batch_advantages"])
+    # step 9: the update trains on the real advantages of a group whose rewards differ (a frontier task, played
+    # again while they are equal: 4 groups of 4 all equal would be about 1 in 5,000 at a pass rate of 1/2)
+    assert len(set(seen["rewards"])) == 2 and 1 <= seen["groups_played"] <= 4
+    assert seen["batch_rewards"] == seen["rewards"] and "trains on them" in outputs
+    assert seen["batch_advantages"] == pytest.approx(seen["final"]) and any(seen["batch_advantages"])
     assert seen["moved"] > 0 and seen["norm_after"] != seen["norm_before"]  # the LoRA changed
     assert math.isfinite(seen["loss"])
     assert seen["loss"] == pytest.approx(-sum(seen["batch_advantages"]) / G, abs=1e-4)  # on-policy: ratio 1

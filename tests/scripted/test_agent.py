@@ -21,7 +21,8 @@ def test_loss_mask_is_exactly_the_generated_tokens(smol_tokenizer):
     task = load_tasks(["multi_turn_base_0"])[0].truncated(3)
     recipe = Recipe()
     # the python-call form of positional calls (see tool_call_text) needs the lenient parser
-    rollout = recipe.rollout.model_copy(update={"max_calls_per_turn": 2, "max_model_calls": 20, "parser": "lenient"})
+    rollout = recipe.rollout.model_copy(update={"max_calls_per_turn": 2, "max_model_calls": 20, "parser": "lenient",
+                                                "max_context_tokens": 8192})  # BFCL's tool block: 3-5k tokens
     generator = ScriptedGenerator(smol_tokenizer, [gt_scripts(task, False), gt_scripts(task, True)])
     trajectories = rollout_group(task, 2, generator, rollout, TrainingInterface(schema_cues=True))
 
@@ -54,7 +55,8 @@ def test_loss_mask_is_exactly_the_generated_tokens(smol_tokenizer):
 def test_budget_and_context_limits_stop_an_episode(smol_tokenizer):
     task = load_tasks(["multi_turn_base_0"])[0]
     recipe = Recipe()
-    rollout = recipe.rollout.model_copy(update={"max_calls_per_turn": 5, "max_model_calls": 3})
+    rollout = recipe.rollout.model_copy(update={"max_calls_per_turn": 5, "max_model_calls": 3,
+                                                "max_context_tokens": 8192})  # BFCL's tool block: 3-5k tokens
     generator = ScriptedGenerator(smol_tokenizer, [["<tool_call>{\"name\": \"ls\", \"arguments\": {}}</tool_call>"] * 3])
     (trajectory,) = rollout_group(task, 1, generator, rollout, TrainingInterface(schema_cues=True))
     assert trajectory.stop_reason == "call_budget" and trajectory.num_model_calls == 3
@@ -91,7 +93,8 @@ class _TaskKeyedGenerator:
 
 def test_a_step_is_one_batch_across_tasks_and_chunks_cap_it(smol_tokenizer):
     tasks = [task.truncated(1) for task in load_tasks(["multi_turn_base_0", "multi_turn_base_2", "multi_turn_base_3"])]
-    rollout = Recipe().rollout.model_copy(update={"max_calls_per_turn": 2, "max_model_calls": 4, "parser": "lenient"})
+    rollout = Recipe().rollout.model_copy(update={"max_calls_per_turn": 2, "max_model_calls": 4, "parser": "lenient",
+                                                  "max_context_tokens": 8192})  # BFCL's tool block: 3-5k tokens
     pairs = [(task, TrainingInterface()) for task in tasks]
 
     mixing = _TaskKeyedGenerator(smol_tokenizer, tasks)

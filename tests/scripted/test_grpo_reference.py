@@ -67,6 +67,7 @@ class Case:
             "rollout.num_generations": G, "rollout.max_turns": 2, "rollout.max_calls_per_turn": 1,
             "rollout.temperature": temperature, "policy.dtype": dtype, "diagnoser.mode": "off",
             "grpo.dual_clip": dual_clip,
+            "policy.lora_r": 8, "policy.lora_alpha": 16,  # the rank the bf16 tolerances below were set at
             # the whole batch in one loss call, as below (test_training checks that micro-batches equal it)
             "grpo.micro_batch_size": G,
         })

@@ -5,6 +5,7 @@ import base64
 import gzip
 import re
 import shutil
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -62,6 +63,27 @@ def test_report_holds_every_part_from_the_store(reported_run):
     assert shown and all(tid.startswith("s2-") for tid in shown)
     assert text.count("<tr class='turn'>") == sum(len(store.turns(tid)) for tid in shown)
     assert "The model answered in prose. Call cd first." in text  # the local diagnoser's explanation and hint
+    assert "Reward trend" not in text  # 2 steps: too few to test a trend
+
+
+def test_from_four_steps_the_reward_caption_carries_the_trend_test(reported_run, tmp_path):
+    """The same store with steps 3 and 4 added (copies of step 2 with other rewards): the caption's τ and p are
+    the trend test's on the stored per-step rewards."""
+    from seal_lite.core.trend import reward_trend
+
+    run_dir, _, _ = reported_run
+    copy = tmp_path / "run"
+    copy.mkdir()
+    with sqlite3.connect(run_dir / "seal.db") as source, sqlite3.connect(copy / "seal.db") as target:
+        source.backup(target)  # the write-ahead log too, which a copy of the file would miss
+    store = Store(copy / "seal.db")
+    for step, reward in ((3, 0.75), (4, 1.0)):
+        row = {**next(store.db["steps"].rows_where("step = 2")), "step": step, "reward_mean": reward}
+        store.db["steps"].insert(row)
+        store.db["metrics"].insert({"step": step, "name": "reward/mean", "value": reward})
+    rewards = [value for _, value in store.metrics("reward/mean")]
+    assert len(rewards) == 4
+    assert f"Reward trend: {reward_trend(rewards).describe()}" in write_report(copy).read_text()
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (scripts/setup.sh installs "

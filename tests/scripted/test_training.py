@@ -41,7 +41,8 @@ def test_weighted_grpo_step_updates_lora_on_model_tokens_only(tmp_path, tiny_mod
     monkeypatch.setattr(grpo.SealGRPOTrainer, "_generate_and_score_completions", capture)
     trainer = grpo.build_trainer(policy, recipe, [task.id], seal_step, str(tmp_path / "trl"),
                                  callbacks=[grpo.StoreCallback(store, updates=1)])
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    before = {n: p for n, p in lora_before.items() if "lora_B" in n}
     assert all(torch.count_nonzero(p) == 0 for p in before.values())  # LoRA B starts at zero
     trainer.train()
 
@@ -65,6 +66,10 @@ def test_weighted_grpo_step_updates_lora_on_model_tokens_only(tmp_path, tiny_mod
     assert any(torch.count_nonzero(after[n]) > 0 for n in before)
     assert store.metrics("grpo/lora_norm")[0][1] > 0
     assert store.steps()[0]["loss"] is not None
+    # how far the update moved the LoRA: the norm of its change over every LoRA parameter (A and B)
+    moved = torch.stack([(p.detach() - lora_before[n]).pow(2).sum() for n, p in trainer.model.named_parameters()
+                         if "lora_" in n]).sum().sqrt()
+    assert store.metrics("grpo/lora_change") == [(1, pytest.approx(float(moved), rel=1e-5))] and moved > 0
 
 
 def test_equal_rewards_leave_lora_unchanged(tmp_path, tiny_model_dir):
@@ -80,9 +85,10 @@ def test_equal_rewards_leave_lora_unchanged(tmp_path, tiny_model_dir):
     tokenizer = policy.tokenizer
     generator = ScriptedGenerator(tokenizer, [["I cannot."], ["No."]])
     trainer = grpo.build_trainer(policy, recipe, [task.id], SealStep(recipe, store, {task.id: task}, generator),
-                                 str(tmp_path / "trl"))
+                                 str(tmp_path / "trl"), callbacks=[grpo.StoreCallback(store, updates=1)])
     trainer.train()
     assert all(torch.count_nonzero(p) == 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
+    assert store.metrics("grpo/lora_change") == [(1, 0.0)]  # what the run's summary reports as "no update"
 
 
 def test_a_rollout_batch_is_built_from_trajectories_in_order(smol_tokenizer):

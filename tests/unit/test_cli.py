@@ -100,6 +100,31 @@ def test_the_run_summary_draws_the_reward_curve():
         "▁▃▅▆██▆█  first quarter 0.12, last quarter 0.88")
 
 
+def test_the_run_summary_says_what_each_step_did_and_what_to_run_next(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from seal_lite import console
+    from seal_lite.runs.train import RunSummary
+
+    def shown(summary) -> str:
+        monkeypatch.setattr(console, "console", Console(width=200, record=True, file=open(tmp_path / "out", "w")))
+        console.print_summary(summary)
+        return console.console.export_text()
+
+    summary = RunSummary(db_path=tmp_path / "seal.db", steps=2, reward_mean=0.375, label_counts={"pass": 3},
+                         weight_min=1.0, weight_max=1.4, wall_time_s=480.0, loss=[0.0123, None],
+                         rewards=[0.25, 0.5], signal=[1.0, 0.5], lora_change=[0.0412, 0.0], interface_versions=3,
+                         explanations=4, name="quickstart", run_dir=tmp_path)
+    text = shown(summary)
+    assert "0.25, 0.50" in text and "mean 0.375" in text
+    assert "100%, 50% of the groups each step drew" in text
+    assert "0.0123, -" in text and "0.0412, 0" in text
+    assert "3 versions; the diagnoser explained 4 failed turns" in text
+    assert f"seal-lite report {tmp_path}" in text and "recipes/cpu-learn.yaml" in text
+    summary.name = "cpu-learn"  # the hint to watch a rise is the quickstart's
+    assert "recipes/cpu-learn.yaml" not in shown(summary)
+
+
 @pytest.mark.parametrize("split", ["bogus_id", "multi_turn_base_9999", "multi_turn_base_0,nope"])
 def test_an_unknown_split_id_exits_2_naming_it_without_a_traceback(split):
     """An id that is no BFCL multi-turn id, or one bfcl-eval lacks, is refused before any model loads (it once

@@ -153,3 +153,39 @@ def test_the_step_size_sweep_reads_a_runs_store(tmp_path, monkeypatch):
     first_two = sweep.run_figures(tmp_path, steps=2)
     assert (first_two["first"], first_two["last"], first_two["steps"], first_two["updated"]) == (0.0, 0.25, 2, 1)
     assert first_two["grpo/entropy"] == 2.0
+
+
+def test_the_rise_script_records_a_runs_steps_and_its_trend_and_tabulates_records(tmp_path, monkeypatch):
+    """scripts/cpu_rise.py (issue 40): a finished run's per-step figures and the trend test with the steps as units,
+    read from its store; --summary-only tabulates the committed records without running anything."""
+    import importlib.util
+
+    from seal_lite.core.trend import reward_trend
+    from seal_lite.engines.store import Store
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location("cpu_rise", ROOT / "scripts" / "cpu_rise.py")
+    rise = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rise)
+    store = Store(tmp_path / "run" / "seal.db")
+    store.start_run("cpu-learn", {}, "qwen2.5-coder-0.5b")
+    rewards = [0.25, 0.5, 0.375, 0.75, 0.875]
+    for step, reward in enumerate(rewards, start=1):
+        store.db["steps"].insert({"step": step, "reward_mean": reward, "loss": 0.1 * step,
+                                  "started_at": 60.0 * step, "finished_at": 60.0 * step + 30}, alter=True)
+        store.db["metrics"].insert_all([{"step": step, "name": "sampling/drawn_groups_with_signal", "value": 0.5},
+                                        {"step": step, "name": "grpo/lora_change", "value": 0.2 / step}], alter=True)
+    store.finish_run("cpu-learn", "finished", 200.0)
+    record = rise.record_of(tmp_path / "run", "recipes/cpu-learn.yaml", 3)
+    trend = reward_trend(rewards)
+    assert record["trend"] == {"tau": trend.tau, "p_rise": trend.p_rise} and record["rewards"] == rewards
+    assert record["minutes"] == 2.5 and record["signal"] == [0.5] * 5 and record["lora_change"][1] == 0.1
+    assert (record["first_quarter"], record["last_quarter"]) == (0.25, 0.875)
+    assert "--set seed=3" in record["command"]
+
+    records = tmp_path / "records"
+    rise.Records(records).put("cpu-learn-seed3", record)
+    done = subprocess.run([sys.executable, "scripts/cpu_rise.py", "--seeds", "3", "--summary-only", "--records",
+                           str(records)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"   3      5      2.5     0.25    0.88  {trend.tau:+.2f}  {trend.p_rise:.2g}" in done.stdout
