@@ -22,7 +22,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from seal_lite.core.explainer import FailedTurn
-from seal_lite.core.recipe import DiagnoserConfig, Recipe
+from seal_lite.core.recipe import DiagnoserConfig, load_recipe
 from seal_lite.engines.model_sources import resolve_gguf
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.step.diagnoser import Diagnoser, failed_turns
@@ -41,7 +41,7 @@ def collect_corpus(num_tasks: int, threads: int) -> list[dict]:
     from seal_lite.engines.llamacpp import LlamaCppGenerator
     from seal_lite.engines.model_sources import resolve_model
 
-    recipe = Recipe()
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")  # SmolLM2's budgets, as measured
     rollout = recipe.rollout.model_copy(update={"num_generations": 2, "max_new_tokens": 96})
     ids = (ROOT / "data" / "train_ids.txt").read_text().split()
     random.Random(0).shuffle(ids)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import sqlite_utils
 
+SMOKE = str(Path(__file__).resolve().parent.parent / "recipes" / "smoke.yaml")  # SmolLM2-135M: the quickstart when measured
+
 ARMS = {
     "components on": ["interface.schema_cues=true", "interface.recovery_feedback=true", "interface.capability_hints=true"],
     "components off": ["interface.schema_cues=false", "interface.recovery_feedback=false",
@@ -25,7 +27,7 @@ ARMS = {
 
 
 def run_arm(name: str, settings: list[str], steps: int, out: Path, extra: list[str]) -> None:
-    command = [sys.executable, "-m", "seal_lite", "run", "--out", str(out), "--overwrite",
+    command = [sys.executable, "-m", "seal_lite", "run", SMOKE, "--out", str(out), "--overwrite",
                "--set", f"grpo.steps={steps}", "--set", "diagnoser.mode=off"]
     for setting in settings + extra:
         command += ["--set", setting]

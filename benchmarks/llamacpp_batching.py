@@ -84,7 +84,7 @@ def logit_gap(model: str, context: list[int], a: int, b: int) -> float:
 
 
 def part_eval(args, tokenizer, Baseline) -> dict:
-    recipe = load_recipe(None, {"policy.model": args.model})
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"policy.model": args.model})  # its budgets, as measured
     rollout = evaluation_rollout(recipe.rollout.model_copy(update={"generation_batch_size": recipe.generation_batch()}))
     tasks = [task.truncated(recipe.rollout.max_turns) for task in load_tasks(split_ids("eval")[: args.eval_tasks])]
     interface = evaluation_interface("official")

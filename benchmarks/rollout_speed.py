@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from seal_lite.core import timing
 from seal_lite.core.interface import TrainingInterface
@@ -23,6 +24,8 @@ from seal_lite.engines.transformers_generate import TransformersGenerator
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.runs.tasks import select_task_ids
 from seal_lite.step.rollout import rollout_group
+
+SMOKE = Path(__file__).resolve().parent.parent / "recipes" / "smoke.yaml"  # SmolLM2's budgets, as measured
 
 
 def play(generator, tasks, recipe) -> dict[str, float]:
@@ -46,7 +49,7 @@ def main() -> None:
     import torch
     from peft import get_peft_model
 
-    recipe = load_recipe(None, {"policy.model": args.model, "data.num_tasks": args.tasks,
+    recipe = load_recipe(SMOKE, {"policy.model": args.model, "data.num_tasks": args.tasks,
                                 "grpo.tasks_per_step": min(2, args.tasks)})
     tasks = [task.truncated(recipe.rollout.max_turns) for task in load_tasks(select_task_ids(recipe))]
     policy = load_policy(resolve_model(args.model), recipe)

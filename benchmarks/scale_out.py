@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+SMOKE = str(Path(__file__).resolve().parent.parent / "recipes" / "smoke.yaml")  # SmolLM2-135M, as measured (docs/distributed.md)
+
 
 def play(processes: int, out: Path, args) -> dict:
     cores = sorted(os.sched_getaffinity(0))[: processes * args.cores_per_process]
@@ -40,7 +42,7 @@ def play(processes: int, out: Path, args) -> dict:
                  "grpo.steps": args.steps, "rollout.max_new_tokens": args.max_new_tokens, "rollout.max_turns": 1,
                  "rollout.max_model_calls": 2, "interface.tool_format": args.tool_format, "diagnoser.mode": "off"}
     command = ["taskset", "-c", ",".join(map(str, cores)),
-               sys.executable, "-m", "seal_lite", "run", "--out", str(out), "--processes", str(processes),
+               sys.executable, "-m", "seal_lite", "run", SMOKE, "--out", str(out), "--processes", str(processes),
                *[item for key, value in overrides.items() for item in ("--set", f"{key}={value}")]]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.cores_per_process)}
     started = time.perf_counter()

@@ -99,7 +99,7 @@ def worker(model: str, group: int, shared: bool, prompt_tokens: int | None, thre
     from seal_lite.engines.model_sources import resolve_model
     from seal_lite.engines.policy import load_policy
 
-    recipe = load_recipe(None, {
+    recipe = load_recipe(Path(__file__).resolve().parent.parent / "recipes" / "smoke.yaml", {  # as measured
         "policy.model": model, "policy.gradient_checkpointing": True, "data.task_ids": [TASK],
         "rollout.num_generations": group, "rollout.max_context_tokens": 8192, "grpo.tasks_per_step": 1,
         "grpo.steps": 1, "grpo.shared_prefix": shared, "grpo.max_grad_norm": 1e9, "diagnoser.mode": "off",

@@ -1,7 +1,7 @@
 """The notebooks cannot silently rot: the teaching notebook is executed end to end on the CPU (real
 Qwen2.5-Coder-0.5B on a frontier task, real BFCL, bfcl-eval's checker, a real LoRA update from real rewards) and
-its results are checked independently; every command, option
-and recipe of the Colab/Kaggle notebook is checked against the CLI."""
+its results are checked independently; every command, option and recipe of the Colab/Kaggle notebook is checked
+against the CLI."""
 
 import json
 import math
@@ -23,6 +23,7 @@ from seal_lite.core.interface import GUIDELINES, capability_guidelines
 from seal_lite.core.labels import BASE_UTILITY, CAUSES, SUCCESS_LABELS
 from seal_lite.core.recipe import load_recipe
 from seal_lite.envs.bfcl import load_tasks, official_verdict
+from seal_lite.runs.tasks import read_task_file
 
 ROOT = Path(__file__).parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -80,9 +81,7 @@ def test_the_teaching_notebook_runs_one_real_seal_step_end_to_end(tmp_path, monk
     outputs = "\n".join(text_of(cell) for cell in cells if cell.cell_type == "code")
     assert seen["cwd"] == str(ROOT)
 
-    # steps 1-3: a real task, G real trajectories, with model and environment tokens told apart
-    from seal_lite.runs.tasks import read_task_file
-
+    # steps 1-3: a real frontier task, G real trajectories, with model and environment tokens told apart
     assert seen["task_id"] in read_task_file(ROOT / "data" / "frontier" / "qwen2.5-coder-0.5b.txt")
     (task,) = load_tasks([seen["task_id"]])
     task = task.truncated(seen["max_turns"])
@@ -114,7 +113,7 @@ def test_the_teaching_notebook_runs_one_real_seal_step_end_to_end(tmp_path, monk
     assert seen["final"] == pytest.approx(weighted_advantages(seen["advantages"], seen["weights"]))
 
     # step 9: the update trains on the real advantages of a group whose rewards differ (a frontier task, played
-    # again while they are equal: 4 groups of 4 all equal would be about 1 in 5,000 at a pass rate of 1/2)
+    # again while they are equal: 4 groups of 4 all equal: (1/8)^4, 1 in 4,096, at a pass rate of 1/2)
     assert len(set(seen["rewards"])) == 2 and 1 <= seen["groups_played"] <= 4
     assert seen["batch_rewards"] == seen["rewards"] and "trains on them" in outputs
     assert seen["batch_advantages"] == pytest.approx(seen["final"]) and any(seen["batch_advantages"])
