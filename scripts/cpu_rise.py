@@ -38,18 +38,14 @@ def record_of(run_dir: Path, recipe: str, seed: int) -> dict:
 
     store = Store.open_readonly(run_dir / "seal.db")
     steps = store.steps()
-
-    def per_step(metric) -> list[float | None]:
-        values = dict(store.metrics(metric.name))
-        return [values.get(step["step"]) for step in steps]
-
     rewards = [step["reward_mean"] for step in steps]
     trend = reward_trend(rewards)
     first, last = quarters(rewards)
     return {"recipe": recipe, "seed": seed, "machine": machine(),
             "command": f".venv/bin/seal-lite run {recipe} --set seed={seed} --out {run_dir}",
-            "rewards": rewards, "signal": per_step(m.DRAWN_GROUPS_WITH_SIGNAL), "loss": [s["loss"] for s in steps],
-            "lora_change": per_step(m.LORA_CHANGE), "groups_rolled_out": per_step(m.GROUPS_ROLLED_OUT),
+            "rewards": rewards, "signal": store.metric_per_step(m.DRAWN_GROUPS_WITH_SIGNAL.name),
+            "loss": [s["loss"] for s in steps], "lora_change": store.metric_per_step(m.LORA_CHANGE.name),
+            "groups_rolled_out": store.metric_per_step(m.GROUPS_ROLLED_OUT.name),
             "step_minutes": [(s["finished_at"] - s["started_at"]) / 60 for s in steps],
             "minutes": sum(s["finished_at"] - s["started_at"] for s in steps) / 60,
             "wall_minutes": store.run()["wall_time_s"] / 60, "first_quarter": first, "last_quarter": last,

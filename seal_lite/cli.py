@@ -54,10 +54,11 @@ def main():
     `seal-lite run` (the CPU quickstart), then `seal-lite diagnose runs/quickstart`."""
 
 
-def _relaunch_arguments(recipe, out, overrides, overwrite) -> list[str]:
-    """`seal-lite run`'s arguments without --processes: what each launched process runs."""
-    return ["run", *([recipe] if recipe else []), *(["--out", out] if out else []),
-            *[item for pair in overrides for item in ("--set", pair)], *(["--overwrite"] if overwrite else [])]
+def _arguments(command: str, recipe, out, overrides, *extra: str) -> list[str]:
+    """A recipe command's arguments as typed (RECIPE, --out, each --set, then ``extra``): what each process of
+    `seal-lite run --processes N` runs, and what a frontier file says produced it."""
+    return [command, *([recipe] if recipe else []), *(["--out", out] if out else []),
+            *[item for pair in overrides for item in ("--set", pair)], *extra]
 
 
 @main.command()
@@ -84,7 +85,7 @@ def run(recipe, overrides, out, overwrite, processes):
                                  "accelerate launch", param_hint="--processes")
     config = _load(recipe, overrides, out=out, processes=max(processes, launched))
     if processes > 1 and launched == 1:  # accelerate starts the processes, each runs this command without it
-        api.relaunch(processes, _relaunch_arguments(recipe, out, overrides, overwrite))
+        api.relaunch(processes, _arguments("run", recipe, out, overrides, *(["--overwrite"] if overwrite else [])))
 
     def announce(out_dir, resumed):
         if resumed:
@@ -116,10 +117,9 @@ def screen(recipe, overrides, out, samples, frontier_file):
 
     from seal_lite.console import RichProgress, print_screen
 
-    command = shlex.join(["seal-lite", "screen", *([recipe] if recipe else []), *(["--out", out] if out else []),
-                          *(["--samples", str(samples)] if samples else []),
-                          *[item for pair in overrides for item in ("--set", pair)],
-                          "--write-frontier", str(frontier_file)])
+    command = shlex.join(["seal-lite", *_arguments("screen", recipe, out, overrides,
+                                                   *(["--samples", str(samples)] if samples else []),
+                                                   "--write-frontier", str(frontier_file))])
     config = _load(recipe, overrides + ((f"data.screen={samples}",) if samples else ()), out=out)
     samples = config.data.screen or api.SCREEN_SAMPLES
     with RichProgress(0) as progress:

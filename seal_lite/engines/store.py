@@ -288,6 +288,11 @@ class Store:
         rows = self.db["metrics"].rows_where("name = ?", [name], order_by="step")
         return [(row["step"], row["value"]) for row in rows]
 
+    def metric_per_step(self, name: str) -> list[float | None]:
+        """The metric's value at each of ``steps()``, in order; None where that step did not write it."""
+        values = dict(self.metrics(name))
+        return [values.get(step["step"]) for step in self.steps()]
+
     def metric_series(self, prefix: str, suffix: str = "") -> dict[str, list[tuple[int, float]]]:
         """Every metric named ``prefix + key + suffix``: key -> [(step, value)] in step order. For example
         ``metric_series("labels/", "_rate")`` gives each label's share per step, ``metric_series("rho/")`` each

@@ -45,8 +45,8 @@ class RunSummary:
     wall_time_s: float
     loss: list[float]
     rewards: list[float]  # reward/mean of each step
-    signal: list[float] = ()  # per step, the share of the groups it drew whose rewards differ
-    lora_change: list[float] = ()  # per step, how far its update moved the LoRA (0: no update)
+    signal: list[float | None] = ()  # per step, the share of the groups it drew whose rewards differ
+    lora_change: list[float | None] = ()  # per step, how far its update moved the LoRA (0: no update)
     interface_versions: int = 1
     explanations: int = 0  # failed turns the local diagnoser explained
     name: str = ""
@@ -156,16 +156,15 @@ def _finish(recipe: Recipe, store: Store, started: float) -> RunSummary:
     store.finish_run(recipe.name, "finished", wall)
     steps = store.steps()
 
-    def per_step(metric) -> list[float]:
-        values = dict(store.metrics(metric.name))
-        return [values.get(step["step"], 0.0) for step in steps]
+    def total(metric) -> int:
+        return int(sum(value or 0 for value in store.metric_per_step(metric.name)))
 
     return RunSummary(
-        signal=per_step(m.DRAWN_GROUPS_WITH_SIGNAL),
-        lora_change=per_step(m.LORA_CHANGE),
+        signal=store.metric_per_step(m.DRAWN_GROUPS_WITH_SIGNAL.name),
+        lora_change=store.metric_per_step(m.LORA_CHANGE.name),
         interface_versions=len(store.interface_versions()),
-        explanations=int(sum(per_step(m.DIAGNOSER_COUNTS["asked"])) - sum(per_step(m.DIAGNOSER_COUNTS["invalid"]))
-                         - sum(per_step(m.DIAGNOSER_COUNTS["failed"]))),
+        explanations=total(m.DIAGNOSER_COUNTS["asked"]) - total(m.DIAGNOSER_COUNTS["invalid"])
+        - total(m.DIAGNOSER_COUNTS["failed"]),
         name=recipe.name,
         run_dir=store.path.parent,
         db_path=store.path,
