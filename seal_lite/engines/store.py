@@ -33,9 +33,9 @@ docs/store.md.
 
 Reads for other modules, so that none of them writes SQL: ``steps``, ``trajectories``, ``trajectory``,
 ``turns``, ``turn_labels``, ``label_counts``, ``labels_by_step`` (step -> its turn labels), ``rewards_by_group``
-((step, task) -> rewards), ``metrics`` (one name), ``metric_per_step`` (one name, aligned to ``steps``), ``metric_series`` (every name with a prefix and suffix, such as
-``labels/<label>_rate``), ``step_count``, ``checkpoints``, ``last_checkpoint``, ``interface_versions``,
-``diagnosis``, ``evaluations``, ``screen``, ``run``.
+((step, task) -> rewards), ``metrics`` (one name), ``metric_per_step`` (one name, aligned to ``steps``),
+``metric_series`` (every name with a prefix and suffix, such as ``labels/<label>_rate``), ``step_count``,
+``checkpoints``, ``last_checkpoint``, ``interface_versions``, ``diagnosis``, ``evaluations``, ``screen``, ``run``.
 """
 
 from __future__ import annotations
