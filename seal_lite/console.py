@@ -218,14 +218,18 @@ def print_summary(summary) -> None:
     labels = ", ".join(f"{label} {n}" for label, n in summary.label_counts.items()) or "-"
     table.add_row("turn labels", labels)
     table.add_row("diagnosis weight range", f"{summary.weight_min:.2f} - {summary.weight_max:.2f}")
-    table.add_row("interface", f"{summary.interface_versions} versions; the diagnoser explained "
-                  f"{summary.explanations} failed turns")
+    changes = summary.interface_changes
+    table.add_row("training interface", "\n".join([f"v1 -> v{len(changes) + 1}", *changes]) if changes
+                  else "unchanged (v1): no failure label was frequent enough for a guideline")
+    table.add_row("diagnoser", f"explained {summary.explanations} failed turns")
     table.add_row("wall time", f"{summary.wall_time_s:.0f} s ({summary.wall_time_s / 60:.1f} min)")
     table.add_row("database", str(summary.db_path))
     console.print(table)
     run = summary.run_dir or summary.db_path.parent
     console.print(f"Next:\n  seal-lite report {run}      # plots of every step, as a page\n"
                   f"  seal-lite diagnose {run}    # the failed turns, their labels and explanations")
+    if changes:
+        console.print(f"  seal-lite interface diff {run} 1 {len(changes) + 1}   # how the training interface evolved")
     if summary.name == "quickstart":
         console.print(f"  {WATCH_A_RISE}")
 

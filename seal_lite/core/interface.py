@@ -207,7 +207,7 @@ GUIDELINES = {  # one template line per failure label
     Label.STATE_MISMATCH: "Check names and values against the request before acting; inspect the current state when unsure.",
     Label.RESPONSE_MISMATCH: "Call the tools that show the user what they asked for, and report the results.",
 }
-MIN_COUNT, MIN_PREVALENCE, MAX_REWARD, MAX_LINES = 8, 0.10, 0.6, 3
+MIN_COUNT, MIN_PREVALENCE, MAX_REWARD, MAX_LINES = 8, 0.10, 0.6, 3  # the release's defaults (its min_tag_count: 8)
 
 
 @dataclass(frozen=True)
@@ -219,10 +219,11 @@ class GuidelineCandidate:
     prevalence: float  # its share of the failure labels that have a guideline
     mean_reward: float  # of the trajectories it occurred in
     score: float  # prevalence * (1 - mean reward): the rank
-    qualifies: bool  # count >= 8, prevalence >= 10% and mean reward < 0.6
+    qualifies: bool  # count >= min_count (8), prevalence >= 10% and mean reward < 0.6
 
 
-def guideline_candidates(counts: dict[str, int], mean_rewards: dict[str, float]) -> list[GuidelineCandidate]:
+def guideline_candidates(counts: dict[str, int], mean_rewards: dict[str, float],
+                         min_count: int = MIN_COUNT) -> list[GuidelineCandidate]:
     """phi_cap's rule label by label: every failure label with a guideline that occurred, best score first, with
     whether it qualifies for a line (``capability_guidelines`` shows the first three that do)."""
     failures = {label: n for label, n in counts.items() if label in GUIDELINES and n > 0}
@@ -230,17 +231,18 @@ def guideline_candidates(counts: dict[str, int], mean_rewards: dict[str, float])
     candidates = []
     for label, n in failures.items():
         prevalence, reward = n / total, mean_rewards.get(label, 0.0)
-        qualifies = n >= MIN_COUNT and prevalence >= MIN_PREVALENCE and reward < MAX_REWARD
+        qualifies = n >= min_count and prevalence >= MIN_PREVALENCE and reward < MAX_REWARD
         candidates.append(GuidelineCandidate(label, n, prevalence, reward, prevalence * (1 - reward), qualifies))
     return sorted(candidates, key=lambda candidate: (-candidate.score, candidate.label))
 
 
 def capability_guidelines(counts: dict[str, int], mean_rewards: dict[str, float],
-                          hints: dict[str, str] | None = None) -> tuple[str, ...]:
-    """phi_cap: the labels with count >= 8, at least 10% of failure labels and mean reward < 0.6, ranked by
-    prevalence * (1 - mean reward), at most 3 lines. A line leaves once its label stops qualifying (its reward
-    recovered). ``hints`` replaces a label's template with another text (the local diagnoser's hint)."""
-    chosen = [candidate.label for candidate in guideline_candidates(counts, mean_rewards) if candidate.qualifies]
+                          hints: dict[str, str] | None = None, min_count: int = MIN_COUNT) -> tuple[str, ...]:
+    """phi_cap: the labels with count >= ``min_count`` (8), at least 10% of failure labels and mean reward < 0.6,
+    ranked by prevalence * (1 - mean reward), at most 3 lines. A line leaves once its label stops qualifying (its
+    reward recovered). ``hints`` replaces a label's template with another text (the local diagnoser's hint)."""
+    chosen = [candidate.label for candidate in guideline_candidates(counts, mean_rewards, min_count)
+              if candidate.qualifies]
     return tuple((hints or {}).get(label) or GUIDELINES[label] for label in chosen[:MAX_LINES])
 
 

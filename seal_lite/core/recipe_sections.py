@@ -180,6 +180,12 @@ class InterfaceConfig(Section):
     hints: Literal["template", "llm"] = Field(
         "template", description="Where guideline texts come from: fixed templates, or the local diagnoser's hints."
     )
+    guideline_min_count: int = Field(
+        3, ge=1,
+        description="phi_cap: how often a failure label must occur in the epoch's statistics before it gets a line. "
+        "The paper's release uses 8 (its min_tag_count; every paper and GPU recipe states it); 3 lets a two-step CPU "
+        "run answer its first step's most common failure.",
+    )
     tool_format: Literal["official", "signatures"] = Field(
         "signatures",
         description="How tools appear in the training system prompt. official: BFCL's JSON docs in the tool block "

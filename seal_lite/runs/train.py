@@ -47,7 +47,7 @@ class RunSummary:
     rewards: list[float]  # reward/mean of each step
     signal: list[float | None] = ()  # per step, the share of the groups it drew whose rewards differ
     lora_change: list[float | None] = ()  # per step, how far its update moved the LoRA (0: no update)
-    interface_versions: int = 1
+    interface_changes: list[str] = ()  # each evolved version: 'after step N: what changed'
     explanations: int = 0  # failed turns the local diagnoser explained
     name: str = ""
     run_dir: Path | None = None
@@ -162,7 +162,8 @@ def _finish(recipe: Recipe, store: Store, started: float) -> RunSummary:
     return RunSummary(
         signal=store.metric_per_step(m.DRAWN_GROUPS_WITH_SIGNAL.name),
         lora_change=store.metric_per_step(m.LORA_CHANGE.name),
-        interface_versions=len(store.interface_versions()),
+        interface_changes=[f"after step {row['step']}: {row['reason']}" for row in store.interface_versions()
+                           if row["parent"] is not None],
         explanations=total(m.DIAGNOSER_COUNTS["asked"]) - total(m.DIAGNOSER_COUNTS["invalid"])
         - total(m.DIAGNOSER_COUNTS["failed"]),
         name=recipe.name,

@@ -281,7 +281,8 @@ class SealStep:
         if not self.recipe.interface.capability_hints:
             return None
         hints = self.diagnoser_hints if self.recipe.interface.hints == "llm" else None
-        guidelines = capability_guidelines(self.statistics.window_counts, self.statistics.window_mean_reward(), hints)
+        guidelines = capability_guidelines(self.statistics.window_counts, self.statistics.window_mean_reward(), hints,
+                                           self.recipe.interface.guideline_min_count)
         if guidelines == self.interface.guidelines:
             return None
         return dataclasses.replace(self.interface, guidelines=guidelines), self.version + 1

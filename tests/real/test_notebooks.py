@@ -41,6 +41,7 @@ print(json.dumps({
     "loss": result.training_loss, "moved": moved, "norm_before": norm_before,
     "norm_after": lora_norm(trainer.model), "guidelines": list(evolved.guidelines),
     "max_turns": recipe.rollout.max_turns, "groups_played": groups_played,
+    "min_count": recipe.interface.guideline_min_count,
     "calls": [t.num_model_calls for t in trajectories],
 }))
 """
@@ -121,8 +122,10 @@ def test_the_teaching_notebook_runs_one_real_seal_step_end_to_end(tmp_path, monk
     assert math.isfinite(seen["loss"])
     assert seen["loss"] == pytest.approx(-sum(seen["batch_advantages"]) / G, abs=1e-4)  # on-policy: ratio 1
 
-    # step 10: the guidelines are phi_cap's rule applied to the statistics shown
-    assert seen["guidelines"] == list(capability_guidelines(seen["counts"], seen["mean_rewards"]))
+    # step 10: the guidelines are phi_cap's rule, at the quickstart's threshold, applied to the statistics shown
+    assert seen["min_count"] == load_recipe(ROOT / "recipes" / "quickstart.yaml").interface.guideline_min_count
+    assert seen["guidelines"] == list(capability_guidelines(seen["counts"], seen["mean_rewards"],
+                                                            min_count=seen["min_count"]))
     assert set(seen["guidelines"]) <= set(GUIDELINES.values())
     assert "The next step's system message adds:" in outputs
 

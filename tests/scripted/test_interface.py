@@ -77,6 +77,10 @@ def test_guidelines_follow_the_selection_rule():
     rare = capability_guidelines({"state_mismatch": 9, "empty_turn_model_response": 200}, {})
     assert rare == (GUIDELINES["empty_turn_model_response"],)  # 9/209 is under 10% prevalence
     assert capability_guidelines(counts, rewards, {"state_mismatch": "Say the folder name."})[1] == "Say the folder name."
+    # the quickstart's threshold: 3 of one label in the window is enough; the release's 8 is not
+    first_step = {"empty_turn_model_response": 3, "response_mismatch": 2}
+    assert capability_guidelines(first_step, {}) == ()
+    assert capability_guidelines(first_step, {}, min_count=3) == (GUIDELINES["empty_turn_model_response"],)
 
 
 def test_guideline_candidates_show_each_label_against_the_rule():
@@ -193,3 +197,18 @@ def test_interface_versions_evolve_with_failures_and_are_shown(tmp_path, smol_to
     assert as_json["version"] == 1 and as_json["guidelines"] == []
     missing = runner.invoke(main, ["interface", "show", str(tmp_path), "--version", "7"])
     assert missing.exit_code == 1 and "not 7" in missing.output
+
+
+def test_the_recipe_sets_how_often_a_label_must_occur_for_a_guideline(tmp_path, smol_tokenizer):
+    """interface.guideline_min_count reaches phi_cap: 8 empty turns evolve the interface at 8, not at 9."""
+    task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
+    versions = {}
+    for min_count in (8, 9):
+        recipe = Recipe()
+        recipe.rollout.num_generations, recipe.rollout.max_calls_per_turn = 8, 1
+        recipe.diagnoser.mode, recipe.interface.guideline_min_count = "off", min_count
+        store = Store(tmp_path / f"min{min_count}.db")
+        step = SealStep(recipe, store, {task.id: task}, ScriptedGenerator(smol_tokenizer, [["Sure."]] * 8))
+        step([task.id])
+        versions[min_count] = [row["guidelines"] for row in store.interface_versions()]
+    assert versions == {8: [[], [GUIDELINES["empty_turn_model_response"]]], 9: [[]]}

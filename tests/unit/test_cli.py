@@ -113,16 +113,20 @@ def test_the_run_summary_says_what_each_step_did_and_what_to_run_next(tmp_path, 
 
     summary = RunSummary(db_path=tmp_path / "seal.db", steps=2, reward_mean=0.375, label_counts={"pass": 3},
                          weight_min=1.0, weight_max=1.4, wall_time_s=480.0, loss=[0.0123, None],
-                         rewards=[0.25, 0.5], signal=[1.0, 0.5], lora_change=[0.0412, 0.0], interface_versions=3,
+                         rewards=[0.25, 0.5], signal=[1.0, 0.5], lora_change=[0.0412, 0.0],
+                         interface_changes=["after step 1: guideline added: Call the tools."],
                          explanations=4, name="quickstart", run_dir=tmp_path)
     text = shown(summary)
     assert "0.25, 0.50" in text and "mean 0.375" in text
     assert "100%, 50% of the groups each step drew" in text
     assert "0.0123, -" in text and "0.0412, 0" in text
-    assert "3 versions; the diagnoser explained 4 failed turns" in text
+    assert "v1 -> v2" in text and "after step 1: guideline added: Call the tools." in text
+    assert "explained 4 failed turns" in text and f"seal-lite interface diff {tmp_path} 1 2" in text
     assert f"seal-lite report {tmp_path}" in text and "recipes/cpu-learn.yaml" in text
-    summary.name = "cpu-learn"  # the hint to watch a rise is the quickstart's
-    assert "recipes/cpu-learn.yaml" not in shown(summary)
+    summary.name, summary.interface_changes = "cpu-learn", []  # the hint to watch a rise is the quickstart's
+    unchanged = shown(summary)
+    assert "recipes/cpu-learn.yaml" not in unchanged
+    assert "unchanged (v1)" in unchanged and "interface diff" not in unchanged
 
 
 @pytest.mark.parametrize("split", ["bogus_id", "multi_turn_base_9999", "multi_turn_base_0,nope"])
