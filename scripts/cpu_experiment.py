@@ -13,13 +13,14 @@
    base-category tasks of data/eval_ids.txt), under the official view (BFCL's surface) and, with
    ``--views official,signatures``, under the one-line signatures the recipe trains with (not a BFCL score, and
    marked so).
-4. Summarize: the training reward in the first and the last quarter of each run's steps (per arm: the mean over
-   seeds, with a 95% bootstrap interval over seeds), beside the base model's resampled pass rate on the same tasks
-   (95% bootstrap interval over tasks); Fisher's exact test, trajectories counted as independent, between a run's
-   quarters, between each quarter and the base model's samples, and between the arms' quarters pooled over the
-   seeds both have trained; held-out strict accuracy and turn pass rate per arm (each task
-   averaged over seeds, 95% bootstrap interval over tasks) and the paired differences between arms; a figure
-   (OUT/cpu-experiment.png) and RECORDS/summary.json.
+4. Summarize, with the seeds as the unit of every comparison of arms: the training reward in the first and the
+   last quarter of each run's steps and its trend with the steps as units (Kendall's τ, by permutation), per arm
+   the mean gain over seeds (95% bootstrap interval over seeds), beside the base model's resampled pass rate on
+   the same tasks; SEAL against vanilla GRPO by a permutation test over seeds; held-out strict accuracy and turn
+   pass rate per arm (the mean over seeds with a two-level bootstrap interval: seeds, then tasks) and the
+   differences between arms with that interval, an exact test over seeds (which with 3 seeds against 3 can never
+   give p < 0.10) and the effect detectable with 80% power; a figure (OUT/cpu-experiment.png) and
+   RECORDS/summary.json.
 
 The stores (the runs, checkpoints, evaluations) live under --out and stay out of git; what the summary needs is
 written, as each part finishes, to small JSON records under --records (docs/results/cpu-experiment/, committed):
@@ -37,8 +38,8 @@ same command after a stop resumes: a recorded part is never redone, a committed 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import math
 import os
 import platform
 import random
@@ -58,6 +59,10 @@ ARMS = {  # arm -> its overrides of the recipe
     "SEAL": [],
 }
 SLUG = {"vanilla GRPO": "vanilla", "SEAL": "seal"}
+ARM_NAMES = {  # what each arm ran (the paper's SEAL runs had phi_schema on and phi_err, phi_cap off)
+    "SEAL": "SEAL = recipes/cpu-learn.yaml: phi_schema, phi_err and phi_cap on, diagnosis weighting, closed-loop rho",
+    "vanilla GRPO": "vanilla GRPO = the same with those five parts off",
+}
 RESAMPLE = {"samples": 8, "seed": 100}  # the base model's fresh pass rate on the frontier tasks
 # the rollout fields a base model's evaluation takes from the recipe (a run's evaluation reads its own recipe)
 EVAL_ROLLOUT = ("max_new_tokens", "max_model_calls", "max_calls_per_turn", "max_response_tokens", "max_turns",
@@ -97,28 +102,63 @@ def per_task_means(runs: list[dict[str, float]]) -> dict[str, float]:
     return {task: statistics.fmean(run[task] for run in runs) for task in sorted(tasks)}
 
 
-def sign_test(differences: list[float]) -> float:
-    """Exact two-sided sign test: the chance of a split of the non-zero differences at least as uneven as this one
-    if each were as likely positive as negative. The percentile bootstrap is too eager with a handful of tasks
-    (4 of 16 passed against 0 of 16 gives an interval that leaves out 0; this test gives p = 0.125)."""
-    above = sum(1 for difference in differences if difference > 0)
-    below = sum(1 for difference in differences if difference < 0)
-    count = above + below
-    tail = sum(math.comb(count, k) for k in range(min(above, below) + 1)) / 2 ** count
-    return min(1.0, 2 * tail)
+def seed_means(runs: list[dict[str, float]]) -> list[float]:
+    """Each run's (seed's) mean score over its tasks: the unit every comparison of arms counts."""
+    return [statistics.fmean(run.values()) for run in runs]
 
 
-def fisher_exact(passed_a: int, total_a: int, passed_b: int, total_b: int) -> float:
-    """Fisher's exact test, two-sided: the chance, with both totals and the total passed fixed, of a split at most
-    as likely as this one if both counts came from the same pass rate (trajectories counted as independent)."""
-    passed, total = passed_a + passed_b, total_a + total_b
+def two_level_bootstrap(a: list[dict[str, float]], b: list[dict[str, float]] | None = None, level: float = 0.95,
+                        resamples: int = 20_000, seed: int = 0) -> dict[str, float]:
+    """Percentile bootstrap interval {"low", "high"} and standard error {"se"} of arm a's mean score (minus arm b's,
+    if given), resampling both sources of chance: the seeds of each arm, then the tasks (the same draw of tasks for
+    both arms, which share them). An arm of one run (the greedy base model) has no seeds to resample."""
+    import numpy as np
 
-    def chance(k: int) -> float:  # hypergeometric: k of the passes fall in a
-        return math.comb(total_a, k) * math.comb(total_b, passed - k) / math.comb(total, passed)
+    tasks = sorted(a[0])
+    draw = np.random.default_rng(seed)
+    columns = draw.multinomial(len(tasks), [1 / len(tasks)] * len(tasks), size=resamples)  # how often each task is drawn
 
-    observed = chance(passed_a)
-    splits = range(max(0, passed - total_b), min(total_a, passed) + 1)
-    return min(1.0, sum(p for p in map(chance, splits) if p <= observed * (1 + 1e-7)))
+    def means(runs: list[dict[str, float]]) -> np.ndarray:
+        table = np.array([[run[task] for task in tasks] for run in runs])  # seeds x tasks
+        rows = draw.multinomial(len(runs), [1 / len(runs)] * len(runs), size=resamples)
+        return ((rows @ table) * columns).sum(axis=1) / (len(runs) * len(tasks))
+
+    values = np.sort(means(a) - (means(b) if b else 0.0))
+    tail = (1 - level) / 2
+    return {"low": float(values[int(tail * resamples)]),
+            "high": float(values[min(resamples - 1, int((1 - tail) * resamples))]), "se": float(values.std())}
+
+
+def seed_test(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Exact two-sided test over seeds, and the smallest p it can give at these numbers of seeds.
+    Two arms of several seeds: a permutation test of the difference in means (every split of the pooled seeds
+    into groups of the arms' sizes; 3 against 3 gives 20 splits, so p >= 0.10). Against one fixed score (the greedy
+    base model): a sign-flip test of the seeds' differences from it (3 seeds give 8 flips, so p >= 0.25)."""
+    if len(b) == 1:
+        differences = [value - b[0] for value in a]
+        observed = abs(sum(differences))
+        flips = list(itertools.product((1, -1), repeat=len(differences)))
+        extreme = sum(abs(sum(sign * d for sign, d in zip(signs, differences))) >= observed - 1e-12
+                      for signs in flips)
+        return extreme / len(flips), 2 / len(flips)
+    pooled, observed = a + b, abs(statistics.fmean(a) - statistics.fmean(b))
+    splits = list(itertools.combinations(range(len(pooled)), len(a)))
+
+    def gap(chosen: tuple[int, ...]) -> float:
+        inside = [pooled[i] for i in chosen]
+        outside = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        return abs(statistics.fmean(inside) - statistics.fmean(outside))
+
+    extreme = sum(gap(chosen) >= observed - 1e-12 for chosen in splits)
+    return extreme / len(splits), (2 if len(a) == len(b) else 1) / len(splits)
+
+
+def minimum_detectable_effect(standard_error: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true difference a two-sided test at ``alpha`` detects with ``power``, by the normal
+    approximation: (z_{1-alpha/2} + z_power) * its standard error (2.80 standard errors at 5% and 80%). Optimistic
+    with few seeds, and moot where the exact test over seeds cannot reach alpha at all (``seed_test``)."""
+    normal = statistics.NormalDist()
+    return (normal.inv_cdf(1 - alpha / 2) + normal.inv_cdf(power)) * standard_error
 
 
 def quarter_counts(rewards: list[float], trajectories: list[int]) -> dict[str, list[int]]:
@@ -133,17 +173,23 @@ def quarter_counts(rewards: list[float], trajectories: list[int]) -> dict[str, l
     return {"first": count(first), "last": count(last)}
 
 
-def paired_difference(a: dict[str, float], b: dict[str, float]) -> dict:
-    """Mean of a - b over the tasks both hold, with its bootstrap interval over tasks and the sign test's p."""
-    differences = [a[task] - b[task] for task in sorted(a) if task in b]
-    low, high = bootstrap_interval(differences)
-    return {"mean": statistics.fmean(differences), "low": low, "high": high, "tasks": len(differences),
-            "sign_p": sign_test(differences)}
+def seed_difference(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict:
+    """Arm a's held-out score minus arm b's on the same tasks, with the seeds as the unit: the mean, its two-level
+    bootstrap interval, the exact test over seeds (with the smallest p it can give) and the minimum detectable
+    effect at 80% power from the bootstrap's standard error. ``floor``: b scores 0 on every task, so no task can
+    favour b (a test over tasks would be one-sided by construction)."""
+    a_means, b_means = seed_means(a), seed_means(b)
+    interval = two_level_bootstrap(a, b)
+    p, smallest = seed_test(a_means, b_means)
+    return {"mean": statistics.fmean(a_means) - statistics.fmean(b_means), "low": interval["low"],
+            "high": interval["high"], "seeds": [len(a), len(b)], "tasks": len(a[0]), "seed_p": p,
+            "smallest_p": smallest, "mde": minimum_detectable_effect(interval["se"]),
+            "floor": all(value == 0 for run in b for value in run.values())}
 
 
 def distinguishable(difference: dict) -> bool:
-    """A difference is told apart from chance when its interval leaves out 0 and the sign test gives p < 0.05."""
-    return (difference["low"] > 0 or difference["high"] < 0) and difference["sign_p"] < 0.05
+    """Told apart from chance: the two-level interval leaves out 0 and the test over seeds gives p < 0.05."""
+    return (difference["low"] > 0 or difference["high"] < 0) and difference["seed_p"] < 0.05
 
 
 # ---- the steps ---------------------------------------------------------------------------------------------------
@@ -339,47 +385,52 @@ def main() -> None:
 
 def summarize(frontier: list[str], runs: dict, scores: dict, base: dict | None = None) -> dict:
     """Everything the tables and the figure show, from the runs' training records, the evaluations and the base
-    model's resampled pass rates on the training tasks."""
+    model's resampled pass rates on the training tasks. Seeds are the unit of every comparison of arms."""
+    from seal_lite.core.trend import reward_trend
+
     summary = {"frontier": frontier, "training": {}, "held_out": {}}
     if base:
         low, high = bootstrap_interval(list(base["by_task"].values()))
         summary["base_on_training_tasks"] = {**base, "mean": statistics.fmean(base["by_task"].values()), "low": low,
                                              "high": high}
-        base_counts = [round(sum(base["by_task"].values()) * base["samples"]), len(base["by_task"]) * base["samples"]]
     for arm, by_seed in runs.items():
         gains = []
         for run in by_seed.values():
             run["first_quarter"], run["last_quarter"] = quarters(run["rewards"])
             gains.append(run["last_quarter"] - run["first_quarter"])
-            counts = run["passed"] = quarter_counts(run["rewards"], run["trajectories"])
-            run["rise_p"] = fisher_exact(*counts["last"], *counts["first"])
-            if base:
-                run["against_base_p"] = {part: fisher_exact(*counts[part], *base_counts) for part in counts}
+            run["passed"] = quarter_counts(run["rewards"], run["trajectories"])
+            trend = reward_trend(run["rewards"])
+            run["trend"] = {"tau": trend.tau, "p_rise": trend.p_rise} if trend else None
         low, high = bootstrap_interval(gains)
         summary["training"][arm] = {"seeds": by_seed, "gain": {"mean": statistics.fmean(gains), "low": low,
                                                                "high": high}}
-    # the seeds both arms have trained, pooled: for a seed both arms draw the same tasks in the same order
+    # the seeds both arms trained: the same seed draws the same tasks in the same order in both arms
     seeds = sorted(set(runs.get("SEAL", {})) & set(runs.get("vanilla GRPO", {})))
     if seeds:
-        pooled = {arm: {part: [sum(runs[arm][seed]["passed"][part][i] for seed in seeds) for i in (0, 1)]
-                        for part in ("first", "last")} for arm in ("SEAL", "vanilla GRPO")}
-        summary["seal_against_vanilla"] = {"seeds": seeds, "passed": pooled, "p": {
-            part: fisher_exact(*pooled["SEAL"][part], *pooled["vanilla GRPO"][part]) for part in ("first", "last")}}
+        def per_seed(arm: str, key: str) -> list[float]:
+            return [runs[arm][seed][key] for seed in seeds]
+
+        summary["seal_against_vanilla"] = {"seeds": seeds, **{
+            part: dict(zip(("p", "smallest_p"), seed_test(per_seed("SEAL", f"{part}_quarter"),
+                                                          per_seed("vanilla GRPO", f"{part}_quarter"))))
+            for part in ("first", "last")}}
     for view, by_arm in scores.items():
         table = summary["held_out"][view] = {"arms": {}, "differences": {}}
-        per_task = {}
         for arm, evaluations in by_arm.items():
             table["arms"][arm] = {"seeds": len(evaluations)}
             for metric in ("accuracy", "turn_pass_rate"):
-                means = per_task_means([{task: row[metric] for task, row in run.items()} for run in evaluations])
-                per_task[arm, metric] = means
-                low, high = bootstrap_interval(list(means.values()))
-                table["arms"][arm][metric] = {"mean": statistics.fmean(means.values()), "low": low, "high": high,
-                                              "tasks": len(means)}
+                runs_by_task = [{task: row[metric] for task, row in run.items()} for run in evaluations]
+                per_task_means(runs_by_task)  # the same tasks in every run
+                interval = two_level_bootstrap(runs_by_task)
+                means = seed_means(runs_by_task)
+                table["arms"][arm][metric] = {"mean": statistics.fmean(means), "low": interval["low"],
+                                              "high": interval["high"],
+                                              "per_seed": means, "tasks": len(runs_by_task[0])}
         for a, b in (("SEAL", "vanilla GRPO"), ("SEAL", "base"), ("vanilla GRPO", "base")):
-            if (a, "accuracy") in per_task and (b, "accuracy") in per_task:
+            if a in by_arm and b in by_arm:
                 table["differences"][f"{a} - {b}"] = {
-                    metric: paired_difference(per_task[a, metric], per_task[b, metric])
+                    metric: seed_difference(*([{task: row[metric] for task, row in run.items()} for run in by_arm[arm]]
+                                              for arm in (a, b)))
                     for metric in ("accuracy", "turn_pass_rate")}
     return summary
 
@@ -389,53 +440,61 @@ def _interval(stat: dict, scale: float = 100, digits: int = 1) -> str:
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
+def _points(value: float) -> str:
+    return f"{100 * value:+.1f}"
+
+
 def print_tables(summary: dict) -> None:
     print(f"\nfrontier: {len(summary['frontier'])} training tasks")
-    print("\n| arm | seed | reward per step | first quarter | last quarter | passed, first -> last (Fisher p) "
-          "| steps with an update | minutes of steps |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"arms: {ARM_NAMES['SEAL']}; {ARM_NAMES['vanilla GRPO']}")
+    print("\n| arm | seed | reward per step | first quarter | last quarter | passed, first -> last "
+          "| trend (steps as units) | steps with an update | minutes of steps |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for arm, record in summary["training"].items():
         for seed, run in record["seeds"].items():
             rewards = " ".join(f"{reward:.2f}" for reward in run["rewards"])
             (first, played), (last, _) = run["passed"]["first"], run["passed"]["last"]
+            trend = f"τ {run['trend']['tau']:+.2f}, p = {run['trend']['p_rise']:.2g}" if run["trend"] else "-"
             print(f"| {arm} | {seed} | {rewards} | {run['first_quarter']:.2f} | {run['last_quarter']:.2f} | "
-                  f"{first} -> {last} of {played} ({run['rise_p']:.1g}) | {run['updated']} of {len(run['rewards'])} "
+                  f"{first} -> {last} of {played} | {trend} | {run['updated']} of {len(run['rewards'])} "
                   f"| {run.get('minutes', float('nan')):.0f} |")
     if "base_on_training_tasks" in summary:
         base = summary["base_on_training_tasks"]
         print(f"\nbase model on these tasks, {base['samples']} fresh samples a task (seed {base['seed']}): pass rate "
               f"{_interval(base, scale=1, digits=2)} (95% bootstrap interval over tasks)")
-        print("Fisher p of each run's quarters against these samples: "
-              + "; ".join(f"{arm} {seed}: first {run['against_base_p']['first']:.2g}, "
-                          f"last {run['against_base_p']['last']:.2g}"
-                          for arm, record in summary["training"].items() for seed, run in record["seeds"].items()))
-    if "seal_against_vanilla" in summary:
-        versus = summary["seal_against_vanilla"]
-        print(f"\nSEAL against vanilla GRPO, seeds {', '.join(map(str, versus['seeds']))} pooled: "
-              + "; ".join(f"{part} quarter {versus['passed']['SEAL'][part][0]} against "
-                          f"{versus['passed']['vanilla GRPO'][part][0]} of {versus['passed']['SEAL'][part][1]} "
-                          f"(Fisher p = {versus['p'][part]:.2g})" for part in ("first", "last")))
     print("\n| arm | seeds | first quarter | last quarter | gain, last - first (mean [95% bootstrap over seeds]) |")
     print("|---|---|---|---|---|")
     for arm, record in summary["training"].items():
         seeds = record["seeds"].values()
         first = statistics.fmean(run["first_quarter"] for run in seeds)
         last = statistics.fmean(run["last_quarter"] for run in seeds)
-        gain = _interval(record["gain"], scale=1, digits=2) if len(seeds) > 1 else f"{record['gain']['mean']:.2f}"
-        print(f"| {arm} | {len(seeds)} | {first:.2f} | {last:.2f} | {gain} |")
+        gain = _interval(record["gain"], scale=1, digits=3) if len(seeds) > 1 else f"{record['gain']['mean']:.3f}"
+        print(f"| {arm} | {len(seeds)} | {first:.3f} | {last:.3f} | {gain} |")
+    if "seal_against_vanilla" in summary:
+        versus = summary["seal_against_vanilla"]
+        print(f"\nSEAL against vanilla GRPO, seeds {', '.join(map(str, versus['seeds']))}, permutation test over "
+              "seeds: " + "; ".join(f"{part} quarter p = {versus[part]['p']:.2g} (at best "
+                                    f"{versus[part]['smallest_p']:.2g})" for part in ("first", "last")))
     for view, table in summary["held_out"].items():
-        print(f"\nheld out, {view} view: % [95% bootstrap interval over tasks]")
-        print("\n| arm | seeds | strict accuracy % | turn pass rate % |")
-        print("|---|---|---|---|")
+        print(f"\nheld out, {view} view: % [95% two-level bootstrap: seeds, then tasks]")
+        print("\n| arm | seeds | strict accuracy % | per seed | turn pass rate % |")
+        print("|---|---|---|---|---|")
         for arm, row in table["arms"].items():
-            print(f"| {arm} | {row['seeds']} | {_interval(row['accuracy'])} | {_interval(row['turn_pass_rate'])} |")
-        print("\n| paired difference (same tasks) | strict accuracy points | turn pass rate points "
-              "| sign test p (accuracy) | told apart from chance |")
+            per_seed = ", ".join(f"{100 * value:.1f}" for value in row["accuracy"]["per_seed"])
+            print(f"| {arm} | {row['seeds']} | {_interval(row['accuracy'])} | {per_seed} "
+                  f"| {_interval(row['turn_pass_rate'])} |")
+        print("\n| difference (same tasks) | strict accuracy, points [two-level 95%] | test over seeds, p (at best) "
+              "| smallest effect detectable (80% power) | told apart from chance |")
         print("|---|---|---|---|---|")
         for name, metrics in table["differences"].items():
-            verdict = "yes" if any(distinguishable(m) for m in metrics.values()) else "no"
-            print(f"| {name} | {_interval(metrics['accuracy'])} | {_interval(metrics['turn_pass_rate'])} | "
-                  f"{metrics['accuracy']['sign_p']:.2g} | {verdict} |")
+            accuracy = metrics["accuracy"]
+            mde = f"{100 * accuracy['mde']:.0f} points"
+            if accuracy["smallest_p"] >= 0.05:
+                mde += " (no test over these seeds reaches p < 0.05)"
+            floor = " (the base scores 0 on every task)" if accuracy["floor"] else ""
+            print(f"| {name}{floor} | {_points(accuracy['mean'])} [{_points(accuracy['low'])}, "
+                  f"{_points(accuracy['high'])}] | {accuracy['seed_p']:.2g} ({accuracy['smallest_p']:.2g}) | {mde} "
+                  f"| {'yes' if distinguishable(accuracy) else 'no'} |")
 
 
 def draw(summary: dict, path: Path) -> None:

@@ -39,8 +39,9 @@ def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
 
 
 def test_the_cpu_experiments_intervals_and_summary(tmp_path):
-    """The statistics docs/results.md reports: bootstrap intervals of a mean, quarters of a reward curve, paired
-    differences over the same tasks, and the summary and figure drawn from runs and evaluations."""
+    """The statistics docs/results.md reports: bootstrap intervals of a mean, quarters of a reward curve, seeds as
+    the unit of every comparison of arms (a two-level bootstrap, exact tests over seeds, the minimum detectable
+    effect), and the summary and figure drawn from runs and evaluations."""
     experiment = _cpu_experiment()
     low, high = experiment.bootstrap_interval([0.0, 1.0] * 20)
     assert low < 0.5 < high and high - low < 0.4
@@ -50,47 +51,60 @@ def test_the_cpu_experiments_intervals_and_summary(tmp_path):
     assert experiment.quarters([0.25]) == (0.25, 0.25)
     with pytest.raises(ValueError, match="different tasks"):
         experiment.per_task_means([{"a": 1.0}, {"b": 1.0}])
+    assert experiment.quarter_counts([0.5, 0.25, 0.75, 1.0], [8, 8, 4, 4]) == {"first": [4, 8], "last": [4, 4]}
+
+    # the audit's figures from the committed held-out counts: 2, 6, 4 against 2, 2, 5 solved of 16
+    vanilla, seal = ([{f"t{i}": float(i < solved) for i in range(16)} for solved in counts]
+                     for counts in ((2, 6, 4), (2, 2, 5)))
+    assert experiment.seed_means(vanilla) == [2 / 16, 6 / 16, 4 / 16]
+    assert experiment.seed_test([2, 2, 5], [2, 6, 4]) == (pytest.approx(0.7), pytest.approx(0.1))  # 14 of 20 splits
+    assert experiment.seed_test([1, 2, 3], [0]) == (0.25, 0.25)  # 3 seeds above a fixed score: 2 of 8 sign flips
+    assert experiment.seed_test([1, -1, 2], [0])[0] == 0.75
+    assert experiment.minimum_detectable_effect(0.1) == pytest.approx(0.280, abs=0.001)  # 1.96 + 0.84 errors
+    both = experiment.two_level_bootstrap(seal, vanilla)
+    tasks_only = experiment.bootstrap_interval(
+        list(experiment.per_task_means(seal)[t] - experiment.per_task_means(vanilla)[t] for t in seal[0]))
+    assert both["low"] < -1 / 16 < both["high"]
+    assert both["high"] - both["low"] > tasks_only[1] - tasks_only[0]  # the seeds widen it
+    assert both["se"] == pytest.approx((both["high"] - both["low"]) / 3.92, rel=0.15)
+    one_run = experiment.two_level_bootstrap([{"a": 1.0, "b": 0.0}])  # a single run: tasks alone vary
+    assert one_run["low"] == 0.0 and one_run["high"] == 1.0
+    difference = experiment.seed_difference(seal, [{task: 0.0 for task in seal[0]}])
+    assert difference["floor"] and difference["seeds"] == [3, 1] and difference["seed_p"] == 0.25
+    assert not experiment.distinguishable(difference)  # every seed above a floor, yet 3 seeds cannot show it
 
     tasks = [f"multi_turn_base_{i}" for i in range(30)]
     base = {task: {"accuracy": 0.0, "turn_pass_rate": 0.0} for task in tasks}
-    better = {task: {"accuracy": float(i % 3 == 0), "turn_pass_rate": float(i % 3 == 0)} for i, task in enumerate(tasks)}
-    same = experiment.paired_difference({t: 0.0 for t in tasks}, {t: 0.0 for t in tasks})
-    assert same["mean"] == 0 and not experiment.distinguishable(same)
-    assert experiment.sign_test([1.0] * 4 + [0.0] * 12) == 0.125  # 4 of 16 against 0 of 16: not told apart
-    assert experiment.sign_test([1.0] * 6 + [-0.5]) == pytest.approx(16 / 128)
-    assert experiment.sign_test([1.0] * 6) < 0.05 and experiment.sign_test([]) == 1.0
-    assert experiment.fisher_exact(3, 4, 1, 4) == pytest.approx(34 / 70)  # Fisher's tea tasting, two-sided
-    assert experiment.fisher_exact(36, 40, 14, 40) == pytest.approx(5.06e-7, rel=1e-2)
-    assert experiment.fisher_exact(5, 10, 5, 10) == 1.0 and experiment.fisher_exact(0, 8, 0, 8) == 1.0
-    assert experiment.quarter_counts([0.5, 0.25, 0.75, 1.0], [8, 8, 4, 4]) == {"first": [4, 8], "last": [4, 4]}
-    few = experiment.paired_difference({t: float(t in tasks[:4]) for t in tasks[:16]}, {t: 0.0 for t in tasks[:16]})
-    assert few["low"] > 0 and few["sign_p"] == 0.125 and not experiment.distinguishable(few)
-    runs = {arm: {seed: {"rewards": [0.125 * seed, 0.25, 0.375, gain + 0.125 * seed], "trajectories": [8] * 4,
+    better = [{task: {"accuracy": float((i + seed) % 3 == 0), "turn_pass_rate": 1.0} for i, task in enumerate(tasks)}
+              for seed in range(5)]
+    runs = {arm: {seed: {"rewards": [0.125 * seed, 0.25, 0.375, 0.5, gain + 0.01 * seed], "trajectories": [8] * 5,
                          "updated": 3, "signal_share": 0.5}
-                  for seed in range(3)} for arm, gain in (("vanilla GRPO", 0.375), ("SEAL", 0.625))}
-    scores = {"official": {"base": [base], "vanilla GRPO": [base, base, base], "SEAL": [better, better, base]}}
-    base = {"by_task": {"multi_turn_base_0": 1.0, "multi_turn_base_1": 0.25, "multi_turn_base_2": 0.0,
-                        "multi_turn_base_3": 0.25}, "samples": 8, "seed": 100}
-    summary = experiment.summarize(tasks[:4], runs, scores, base)
+                  for seed in range(5)} for arm, gain in (("vanilla GRPO", 0.375), ("SEAL", 0.625))}
+    scores = {"official": {"base": [base], "vanilla GRPO": [base] * 5, "SEAL": better}}
+    resampled = {"by_task": {"multi_turn_base_0": 1.0, "multi_turn_base_1": 0.25, "multi_turn_base_2": 0.0,
+                             "multi_turn_base_3": 0.25}, "samples": 8, "seed": 100}
+    summary = experiment.summarize(tasks[:4], runs, scores, resampled)
     on_training = summary["base_on_training_tasks"]
     assert on_training["mean"] == 0.375 and on_training["low"] < 0.375 < on_training["high"] <= 1.0
-    assert summary["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.625)
-    seal_seed2 = summary["training"]["SEAL"]["seeds"][2]
-    assert seal_seed2["passed"] == {"first": [2, 8], "last": [7, 8]} and seal_seed2["rise_p"] < 0.05
-    assert seal_seed2["against_base_p"]["first"] == experiment.fisher_exact(2, 8, 12, 32)
-    versus = summary["seal_against_vanilla"]  # last quarters pooled over seeds 0-2: 5+6+7 against 3+4+5 of 24
-    assert versus["seeds"] == [0, 1, 2] and versus["passed"]["SEAL"]["last"] == [18, 24]
-    assert versus["passed"]["vanilla GRPO"]["last"] == [12, 24] and versus["passed"]["SEAL"]["first"] == [3, 24]
-    assert versus["p"]["last"] == experiment.fisher_exact(18, 24, 12, 24)
+    assert summary["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.625 - 0.115 * 2)
+    assert summary["training"]["SEAL"]["seeds"][2]["passed"] == {"first": [2, 8], "last": [5, 8]}
+    seal_seed0 = summary["training"]["SEAL"]["seeds"][0]  # 0, 0.25, 0.375, 0.5, 0.625: the one rising order of 120
+    assert seal_seed0["trend"]["tau"] == 1.0 and seal_seed0["trend"]["p_rise"] == pytest.approx(1 / 120)
+    versus = summary["seal_against_vanilla"]
+    assert versus["seeds"] == [0, 1, 2, 3, 4] and versus["first"]["p"] == 1.0  # the same first quarters
+    # every SEAL seed's last quarter above every vanilla seed's: only that split and its mirror are as extreme
+    assert versus["last"]["p"] == pytest.approx(2 / 252) and versus["last"]["smallest_p"] == pytest.approx(2 / 252)
     arms = summary["held_out"]["official"]["arms"]
-    assert arms["SEAL"]["accuracy"]["mean"] == pytest.approx(10 / 30 * 2 / 3) and arms["base"]["accuracy"]["mean"] == 0
+    assert arms["SEAL"]["accuracy"]["mean"] == pytest.approx(1 / 3) and arms["base"]["accuracy"]["mean"] == 0
+    assert arms["SEAL"]["accuracy"]["per_seed"] == [pytest.approx(1 / 3)] * 5
     difference = summary["held_out"]["official"]["differences"]["SEAL - vanilla GRPO"]["accuracy"]
-    assert difference["tasks"] == 30 and experiment.distinguishable(difference)
+    assert difference["tasks"] == 30 and difference["seed_p"] == pytest.approx(2 / 252)
+    assert experiment.distinguishable(difference)
     assert not experiment.distinguishable(summary["held_out"]["official"]["differences"]["vanilla GRPO - base"]["accuracy"])
     experiment.draw(summary, tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
     training_only = experiment.summarize(tasks[:4], runs, {})  # --summary-only before any evaluation
-    assert training_only["held_out"] == {} and training_only["training"]["SEAL"]["gain"]["mean"] == pytest.approx(0.625)
+    assert training_only["held_out"] == {} and training_only["training"]["SEAL"]["seeds"][0]["trend"]["tau"] == 1.0
     experiment.draw(training_only, tmp_path / "training.png")
     assert (tmp_path / "training.png").stat().st_size > 10_000
 
@@ -125,8 +139,8 @@ def test_the_cpu_experiment_tabulates_its_committed_records(tmp_path):
     assert list(arms) == ["base", "vanilla GRPO", "SEAL"] and arms["SEAL"]["accuracy"]["mean"] == 1.0
     assert arms["base"]["turn_pass_rate"]["mean"] == 0.5
     assert summary["base_on_training_tasks"]["mean"] == 0.5
-    assert "| SEAL | 0 | 0.25 0.50 0.75 1.00 | 0.25 | 1.00 | 1 -> 4 of 4 (0.1) |" in done.stdout
-    assert "SEAL against vanilla GRPO, seeds 0 pooled: first quarter 1 against 1 of 4" in done.stdout
+    assert "| SEAL | 0 | 0.25 0.50 0.75 1.00 | 0.25 | 1.00 | 1 -> 4 of 4 | τ +1.00, p = 0.042 |" in done.stdout
+    assert "SEAL against vanilla GRPO, seeds 0, permutation test over seeds: first quarter p = 1" in done.stdout
     assert (tmp_path / "out" / "cpu-experiment.png").stat().st_size > 10_000
 
 

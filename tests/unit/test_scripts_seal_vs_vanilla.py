@@ -1,0 +1,76 @@
+"""scripts/seal_vs_vanilla.py: issue 41's pre-registered design (arms, tasks, held-out set, power)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from seal_lite.core.recipe import load_recipe
+from seal_lite.envs.bfcl import load_tasks
+from seal_lite.runs.tasks import read_task_file
+
+ROOT = Path(__file__).parents[2]
+
+
+def _design():
+    spec = importlib.util.spec_from_file_location("seal_vs_vanilla", ROOT / "scripts" / "seal_vs_vanilla.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_arms_are_the_papers_seal_vanilla_and_weighting_alone():
+    """Each arm is the recipe with the common settings and exactly its five method fields; the SEAL arm is the
+    paper's (phi_schema, weighting, closed-loop rho; phi_err and phi_cap off)."""
+    from seal_lite.api import parse_overrides
+
+    design = _design()
+
+    def arm(name: str):
+        sets = [*design.COMMON, *(f"{key}={value}" for key, value in design.ARMS[name].items())]
+        return load_recipe(ROOT / design.RECIPE, parse_overrides(tuple(sets)))
+
+    vanilla, seal, reweight = arm("vanilla"), arm("seal"), arm("reweight")
+    assert vanilla.rollout.max_turns == 2 and vanilla.grpo.steps == 12 and vanilla.diagnoser.mode == "off"
+    assert not any([vanilla.interface.schema_cues, vanilla.interface.recovery_feedback,
+                    vanilla.interface.capability_hints, vanilla.grpo.diagnosis_weighting, vanilla.grpo.closed_loop])
+    assert seal.interface.schema_cues and seal.grpo.diagnosis_weighting and seal.grpo.closed_loop
+    assert not seal.interface.recovery_feedback and not seal.interface.capability_hints
+    assert not reweight.interface.schema_cues and reweight.grpo.diagnosis_weighting and reweight.grpo.closed_loop
+    assert list(design.SEEDS) == list(range(8))
+
+
+def test_the_committed_held_out_set_is_the_designs_and_disjoint_from_training():
+    """data/heldout/seal-vs-vanilla.txt is what --design selects: 24 miss_param tasks that decline their first turn
+    and 24 base tasks of the eval split, spread over their API class sets; no training candidate is among them."""
+    design = _design()
+    committed = read_task_file(design.HELD_OUT_FILE)
+    assert committed == design.held_out_ids() and len(set(committed)) == 48
+    tasks = load_tasks(committed)
+    assert sum(design.declines_first(task) for task in tasks) == 24
+    assert sum(task.category == "base" for task in tasks) == 24
+    assert len({tuple(sorted(task.involved_classes)) for task in tasks[:24]}) >= 12  # spread, not one class
+    training = design.candidates("train")
+    assert len(training["miss_param"]) == 41 and len(training["base"]) == 100
+    assert not set(committed) & {*training["miss_param"], *training["base"]}
+
+
+def test_stratified_takes_one_task_of_each_class_set_in_turn():
+    design = _design()
+    ids = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2", "multi_turn_base_3", "multi_turn_base_4"]
+    by_classes = {}
+    for task in load_tasks(ids):
+        by_classes.setdefault(tuple(sorted(task.involved_classes)), []).append(task.id)
+    chosen = design.stratified(ids, len(by_classes))
+    assert {tuple(sorted(task.involved_classes)) for task in load_tasks(chosen)} == set(by_classes)
+
+
+def test_the_power_of_the_sign_flip_test_over_seeds():
+    """5 pairs can never reach p < 0.05 (the smallest p is 2/32); with 8 pairs the power grows with the effect and
+    a null effect is rejected about as often as alpha allows."""
+    design = _design()
+    assert design.sign_flip_power(50, 1, pairs=5) == 0.0
+    assert design.sign_flip_power(0, 10, pairs=8) <= 0.06
+    assert design.sign_flip_power(5, 10, pairs=8) < design.sign_flip_power(15, 10, pairs=8)
+    assert design.detectable(8.5, pairs=8) == pytest.approx(11, abs=1)
+    assert design.detectable(8.5, pairs=5) is None
