@@ -234,13 +234,18 @@ def _task(task_id: str):
 
 def report(run_dir: str | Path, out_dir: str | Path | None = None, *, trajectories: int = 4) -> Path:
     """Write the run's report.html (plots, interface timeline, evaluations, ``trajectories`` sample trajectories
-    turn by turn) into ``out_dir`` (default RUN/report); return the page's path."""
+    turn by turn) into ``out_dir`` (default RUN/report), and its model card beside its adapter
+    (RUN/adapter/README.md, once the run has one); return the page's path."""
     from seal_lite.html_report import write_report
+    from seal_lite.runs.model_card import write_model_card
 
+    run = _db_path(run_dir).parent
     try:
-        return write_report(_db_path(run_dir).parent, Path(out_dir) if out_dir else None, trajectories)
+        page = write_report(run, Path(out_dir) if out_dir else None, trajectories)
     except LookupError as error:
         raise RunError(str(error)) from None
+    write_model_card(run)
+    return page
 
 
 def diagnose(run_dir: str | Path, *, step: int | None = None, failed: bool = False) -> list[dict]:

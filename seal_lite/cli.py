@@ -156,13 +156,18 @@ def doctor(as_json, model, no_self_test, backend, dtype):
 @click.option("--report-dir", type=click.Path(file_okay=False), help="Where to write it (default RUN/report).")
 @click.option("--trajectories", default=4, show_default=True, help="Sample trajectories shown turn by turn.")
 def report(run_dir, report_dir, trajectories):
-    """Write RUN/report/report.html: plots of the run, its interface versions, evaluations and sample trajectories.
+    """Write RUN/report/report.html: plots of the run, its interface versions, evaluations and sample trajectories;
+    and RUN/adapter/README.md, the trained adapter's model card (base model, recipe, rewards, held-out results,
+    the interface it ended with), in the form the Hugging Face hub reads.
 
     \b
     Example:
       seal-lite report runs/quickstart
     """
     click.echo(str(api.report(run_dir, report_dir, trajectories=trajectories)))
+    card = os.path.join(run_dir, "adapter", "README.md")
+    if os.path.isfile(card):
+        click.echo(f"model card: {card}")
 
 
 DEFAULT, TAU2_DOMAINS = click.core.ParameterSource.DEFAULT, ("retail", "airline", "telecom")

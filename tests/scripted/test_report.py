@@ -119,3 +119,36 @@ def test_the_report_renders_a_store_from_before_the_migrations_without_changing_
     assert len(re.findall(r"<h3>v\d+ \(after step", text)) == 2 and "No BFCL evaluation yet" in text
     assert text.count("<tr class='turn'>") >= 4 and re.findall(r"<h3>(s2-[^:]+):", text)
     assert (run_dir / "seal.db").read_bytes() == content  # read as it is: neither upgraded nor touched
+
+
+def test_the_model_card_beside_the_adapter_says_how_it_was_trained(reported_run):
+    """`seal-lite report` replaces peft's template README.md in RUN/adapter with the run's card: hub metadata,
+    the SEAL parts, the rewards, the held-out results with their intervals, the last interface, and the recipe."""
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from seal_lite.cli import main
+    from seal_lite.runs.model_card import hub_id, wilson_interval
+
+    run_dir, store, _ = reported_run
+    shown = CliRunner().invoke(main, ["report", str(run_dir)])
+    assert shown.exit_code == 0 and f"model card: {run_dir / 'adapter' / 'README.md'}" in shown.output
+    card = (run_dir / "adapter" / "README.md").read_text()
+    _, front, body = card.split("---\n", 2)
+    metadata = yaml.safe_load(front)
+    assert metadata["library_name"] == "peft" and "base_model" not in metadata  # a local test model: no hub id
+    assert "seal-lite" in metadata["tags"]
+    rewards = " ".join(f"{row['reward_mean']:.2f}" for row in store.steps())
+    assert f"averaged over the groups the step drew: {rewards}." in body
+    assert "| φ_schema (schema cues) | on |" in body and "| closed-loop ρ | on |" in body
+    low, high = wilson_interval(1, 1)
+    assert f"| step 2 | base | 1 | 100.0% [{100 * low:.1f}, {100 * high:.1f}] |" in body
+    assert "| base | base | 1 | 0.0% [0.0, " in body
+    assert "phi_cap (capability guidelines): on" in body  # the last interface version, described
+    recipe = yaml.safe_load(body.split("```yaml\n", 1)[1].split("```", 1)[0])
+    assert recipe == json.loads(store.run()["recipe"])
+    assert hub_id("qwen2.5-coder-0.5b") == "Qwen/Qwen2.5-Coder-0.5B-Instruct" and hub_id("Qwen/Qwen2.5-7B") == \
+        "Qwen/Qwen2.5-7B" and hub_id(str(run_dir)) is None
+    assert wilson_interval(0, 16)[0] == 0.0 and 0.15 < wilson_interval(0, 16)[1] < 0.25
