@@ -1,19 +1,35 @@
 """Issue 41's experiment, pre-registered in docs/results.md: SEAL against vanilla GRPO on tasks where SEAL's labels
 act (two-turn miss_param tasks whose first turn must be declined, beside base tasks), seeds paired, power stated.
 
-This file fixes the design before anything runs: the arms, the candidate training tasks, the 48 held-out tasks
+The design was fixed before anything ran: the arms, the candidate training tasks, the 48 held-out tasks
 (``--design`` writes them to data/heldout/seal-vs-vanilla.txt and prints the power table of the pre-registration).
+Then, each part recorded under --records (docs/results/seal-vs-vanilla/, committed) as soon as it is done, so the
+same command after a stop goes on where it stopped:
+
+1. the screen of the candidates with the base model, and the frontier it gives (``frontier.json``);
+2. per seed, vanilla then SEAL: the run (under --out, not in git), its per-step record (rewards, weights, rho,
+   label counts, interface versions), then its held-out plays, greedy and ``SAMPLES`` samples (``ARM-seedN.json``);
+3. the base model's held-out plays (``base.json``);
+4. the summary: training curves at any time; the held-out comparison only once every primary run is evaluated
+   (the pre-registration's rule), then the primary test and the secondary metrics.
 
     .venv/bin/python scripts/seal_vs_vanilla.py --design
+    nohup .venv/bin/python scripts/seal_vs_vanilla.py --out runs/seal-vs-vanilla >> runs/seal-vs-vanilla.log 2>&1 &
+    .venv/bin/python scripts/seal_vs_vanilla.py --summary-only
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_experiment import Records, machine, seal_lite, seed_test, sets  # noqa: E402 (the sibling script)
+
 RECIPE = "recipes/cpu-learn.yaml"
 # every arm: the recipe with the first two user turns, 12 steps, rule labels
 COMMON = ["rollout.max_turns=2", "grpo.steps=12", "diagnoser.mode=off"]
@@ -28,6 +44,9 @@ SEEDS = range(8)  # paired: a seed draws the same tasks in the same order in eve
 HELD_OUT_FILE = ROOT / "data" / "heldout" / "seal-vs-vanilla.txt"
 HELD_OUT_PER_KIND = 24
 SAMPLES = 4  # held-out samples per task at temperature 1, beside the greedy one
+SAMPLE_SEED = 1000  # the held-out samples' random streams, the same for every model
+SCREEN_SAMPLES, FRONTIER_PER_KIND = 4, 8
+PRIMARY = ("vanilla", "seal")
 
 
 def declines_first(task) -> bool:
@@ -94,9 +113,218 @@ def power_table(seed_sds=(6.0, 8.0, 11.7), correlations=(0.0, 0.4), pairs=(5, 6,
     return rows
 
 
+def arm_settings(arm: str, seed: int, frontier: list[str]) -> list[str]:
+    """The recipe fields a run of ``arm`` sets: the common ones, the frontier, the seed and the arm's five."""
+    return [*COMMON, f"data.task_ids=[{','.join(frontier)}]", "data.screen=null", f"seed={seed}",
+            *(f"{key}={value}" for key, value in ARMS[arm].items())]
+
+
+def choose_frontier(rates: dict[str, float], kinds: dict[str, list[str]]) -> list[str]:
+    """The tasks solved in some but not all screen samples, at most ``FRONTIER_PER_KIND`` of each kind in split
+    order."""
+    return [task_id for ids in kinds.values()
+            for task_id in [task_id for task_id in ids if 0 < rates.get(task_id, 0) < 1][:FRONTIER_PER_KIND]]
+
+
+def screen(out: Path, records: Records) -> list[str]:
+    """Phase 1: screen the candidates with the base model under the vanilla arm's view; the frontier."""
+    from seal_lite.engines.store import Store
+    from seal_lite.step.screen import pass_rates
+
+    if (record := records.get("frontier")) is not None:
+        return record["frontier"]
+    kinds = candidates("train")
+    ids = [*kinds["miss_param"], *kinds["base"]]
+    seal_lite("screen", RECIPE, "--out", str(out / "screen"), "--samples", str(SCREEN_SAMPLES),
+              *sets(arm_settings("vanilla", 0, ids)))
+    rates = pass_rates(Store(out / "screen" / "seal.db").screen())
+    frontier = choose_frontier(rates, kinds)
+    records.put("frontier", {"frontier": frontier, "rates": rates, "samples": SCREEN_SAMPLES, "machine": machine()})
+    return frontier
+
+
+def training_record(run_dir: Path) -> dict:
+    """A run's steps: reward, trajectories, minutes, whether it updated, and what SEAL's parts did: the weights'
+    range and mean, rho per label, label counts and the interface version."""
+    from cpu_experiment import training
+
+    from seal_lite.core import metrics as m
+    from seal_lite.engines.store import Store
+
+    store = Store(run_dir / "seal.db")
+    labels = store.labels_by_step()
+    return {**training(run_dir),
+            "weights": {name: store.metric_per_step(metric.name) for name, metric in
+                        (("min", m.WEIGHT_MIN), ("mean", m.WEIGHT_MEAN), ("max", m.WEIGHT_MAX))},
+            "rho": {label: [value for _, value in series] for label, series in store.metric_series("rho/").items()},
+            "labels": [{label: step_labels.count(label) for label in sorted(set(step_labels))}
+                       for _, step_labels in sorted(labels.items())],
+            "interface_version": store.metric_per_step(m.INTERFACE_VERSION.name),
+            "interface_versions": [{key: row[key] for key in ("version", "step", "reason")}
+                                   for row in store.interface_versions()]}
+
+
+def held_out_tasks():
+    from seal_lite.envs.bfcl import load_tasks
+    from seal_lite.runs.tasks import read_task_file
+
+    return [task.truncated(2) for task in load_tasks(read_task_file(HELD_OUT_FILE))]
+
+
+def play_held_out(recipe, adapter: Path | None, work_dir: Path, tasks=None, samples: int = SAMPLES,
+                  chunk: int = 4) -> dict[str, dict]:
+    """Each held-out task played greedily and ``samples`` times at the recipe's temperature, under the plain
+    signatures view with evaluation's rules: task id -> {"greedy": [valid, labels], "samples": [[valid, labels]]}."""
+    from seal_lite.core.interface import evaluation_interface
+    from seal_lite.runs.evaluate_bfcl import evaluate, evaluation_engine, evaluation_rollout
+    from seal_lite.step.rollout import by_shared_prefix, rollout_groups
+    from seal_lite.step.verifier import diagnose_episode
+
+    tasks = tasks if tasks is not None else held_out_tasks()
+    sampled = evaluation_rollout(recipe.rollout).model_copy(update={"temperature": recipe.rollout.temperature})
+    interface = evaluation_interface("signatures")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with evaluation_engine(recipe, adapter, work_dir) as generator:
+        played = {result.task_id: {"greedy": [result.valid, result.labels], "samples": []}
+                  for result in evaluate(tasks, generator, recipe.rollout, view="signatures")}
+        if hasattr(generator, "reseed"):  # llama.cpp: the same random streams for every model
+            generator.reseed(SAMPLE_SEED)
+        ordered = by_shared_prefix(tasks)
+        for start in range(0, len(ordered), chunk):
+            part = ordered[start : start + chunk]
+            for task, group in zip(part, rollout_groups([(task, interface) for task in part], samples, generator,
+                                                       sampled), strict=True):
+                for trajectory in group:
+                    diagnosis = diagnose_episode(task, trajectory.turns)
+                    played[task.id]["samples"].append([diagnosis.valid, diagnosis.labels])
+    return played
+
+
+def pass_rate(played: dict[str, dict], key: str = "samples") -> dict[str, float]:
+    """task id -> the share of its samples (or its greedy play) whose verdict passed."""
+    return {task_id: statistics.fmean(valid for valid, _ in plays[key]) if key == "samples"
+            else float(plays["greedy"][0]) for task_id, plays in played.items()}
+
+
+def label_share(played: dict[str, dict], label: str, turn: int | None = None) -> float:
+    """The share of the sampled plays' turns (only turn ``turn``, if given) labelled ``label``."""
+    turns = [labels[index] for plays in played.values() for _, labels in plays["samples"]
+             for index in (range(len(labels)) if turn is None else [turn]) if index < len(labels)]
+    return turns.count(label) / max(1, len(turns))
+
+
+def paired_interval(a: list[dict[str, float]], b: list[dict[str, float]], resamples: int = 20_000,
+                    seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of the mean paired difference a - b: seed pairs resampled together, then tasks."""
+    import numpy as np
+
+    tasks = sorted(a[0])
+    difference = np.array([[x[task] - y[task] for task in tasks] for x, y in zip(a, b, strict=True)])
+    draw = np.random.default_rng(seed)
+    rows = draw.multinomial(len(a), [1 / len(a)] * len(a), size=resamples)
+    columns = draw.multinomial(len(tasks), [1 / len(tasks)] * len(tasks), size=resamples)
+    values = np.sort(((rows @ difference) * columns).sum(axis=1) / (len(a) * len(tasks)))
+    return float(values[int(0.025 * resamples)]), float(values[int(0.975 * resamples)])
+
+
+def summarize(records: Records) -> dict:
+    """The training curves so far, and, once every primary run is evaluated, the pre-registered comparison."""
+    from seal_lite.core.trend import reward_trend
+
+    runs = {(arm, seed): record for arm in ARMS for seed in SEEDS if (record := records.get(f"{arm}-seed{seed}"))}
+    summary = {"training": {}}
+    for (arm, seed), record in runs.items():
+        curve = record["training"]
+        trend = reward_trend(curve["rewards"])
+        summary["training"][f"{arm}-seed{seed}"] = {
+            "rewards": curve["rewards"], "updated": curve["updated"], "minutes": curve["minutes"],
+            "trend": {"tau": trend.tau, "p_rise": trend.p_rise} if trend else None}
+    evaluated = {key for key, record in runs.items() if record.get("held_out")}
+    missing = [f"{arm}-seed{seed}" for arm in PRIMARY for seed in SEEDS if (arm, seed) not in evaluated]
+    if missing:
+        summary["held_out"] = {"withheld": f"{len(missing)} primary runs not yet evaluated"}
+        return summary
+    scores = {arm: [pass_rate(runs[arm, seed]["held_out"]) for seed in SEEDS] for arm in PRIMARY}
+    differences = [statistics.fmean(s.values()) - statistics.fmean(v.values())
+                   for s, v in zip(scores["seal"], scores["vanilla"], strict=True)]
+    p, smallest = seed_test(differences, [0.0])
+    low, high = paired_interval(scores["seal"], scores["vanilla"])
+    summary["held_out"] = {
+        "per_seed": {arm: [statistics.fmean(score.values()) for score in scores[arm]] for arm in PRIMARY},
+        "primary": {"mean": statistics.fmean(differences), "low": low, "high": high, "p": p, "smallest_p": smallest,
+                    "pair_sd": statistics.stdev(differences)},
+        "secondary": {arm: {
+            "greedy": statistics.fmean(statistics.fmean(pass_rate(runs[arm, seed]["held_out"], "greedy").values())
+                                       for seed in SEEDS),
+            "abstention": statistics.fmean(label_share(runs[arm, seed]["held_out"], "correct_abstention", 0)
+                                           for seed in SEEDS),
+            "no_call": statistics.fmean(label_share(runs[arm, seed]["held_out"], "empty_turn_model_response")
+                                        for seed in SEEDS)} for arm in PRIMARY}}
+    if base := records.get("base"):
+        summary["held_out"]["base"] = statistics.fmean(pass_rate(base["held_out"]).values())
+    return summary
+
+
+def print_summary(summary: dict) -> None:
+    print("\n| run | reward per step | trend (steps as units) | steps with an update | minutes |")
+    print("|---|---|---|---|---|")
+    for name, run in summary["training"].items():
+        trend = f"τ {run['trend']['tau']:+.2f}, p = {run['trend']['p_rise']:.2g}" if run["trend"] else "-"
+        print(f"| {name} | {' '.join(f'{r:.2f}' for r in run['rewards'])} | {trend} | {run['updated']} "
+              f"| {run['minutes']:.0f} |")
+    held_out = summary["held_out"]
+    if "withheld" in held_out:
+        print(f"\nheld out: withheld until every primary run is evaluated ({held_out['withheld']})")
+        return
+    primary = held_out["primary"]
+    print(f"\nheld-out pass rate per seed: SEAL {', '.join(f'{100 * v:.1f}' for v in held_out['per_seed']['seal'])}"
+          f"; vanilla {', '.join(f'{100 * v:.1f}' for v in held_out['per_seed']['vanilla'])}")
+    print(f"primary: SEAL - vanilla {100 * primary['mean']:+.1f} points [{100 * primary['low']:+.1f}, "
+          f"{100 * primary['high']:+.1f}], sign-flip test over seeds p = {primary['p']:.2g} (at best "
+          f"{primary['smallest_p']:.2g}); SD of a pair's difference {100 * primary['pair_sd']:.1f} points")
+    for arm, row in held_out["secondary"].items():
+        print(f"{arm}: greedy {100 * row['greedy']:.1f}%, abstention on the first turn {100 * row['abstention']:.1f}%, "
+              f"no-call turns {100 * row['no_call']:.1f}%")
+    if "base" in held_out:
+        print(f"base model: {100 * held_out['base']:.1f}%")
+
+
+def run(out: Path, records: Records, arms: list[str]) -> None:
+    """Phases 1-3, each part skipped once recorded; a run left unfinished in --out resumes."""
+    from seal_lite.api import parse_overrides
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.runs.evaluate_bfcl import run_variants
+    from seal_lite.runs.run_dir import run_status
+
+    frontier = screen(out, records)
+    print(f"frontier: {len(frontier)} tasks: {' '.join(frontier)}", flush=True)
+    for seed in SEEDS:
+        for arm in arms:
+            name, run_dir = f"{arm}-seed{seed}", out / f"{arm}-seed{seed}"
+            record = records.get(name) or {}
+            if "training" not in record:
+                if run_status(run_dir) != "finished":
+                    seal_lite("run", RECIPE, "--out", str(run_dir), *sets(arm_settings(arm, seed, frontier)))
+                record = {"arm": arm, "seed": seed, "settings": arm_settings(arm, seed, frontier),
+                          "machine": machine(), "training": training_record(run_dir)}
+                records.put(name, record)
+            if "held_out" not in record:
+                _, recipe, [(_, adapter)] = run_variants(run_dir, {}, base=False, steps=())
+                record["held_out"] = play_held_out(recipe, adapter, out / f"{name}-eval")
+                records.put(name, record)
+    if records.get("base") is None:
+        recipe = load_recipe(ROOT / RECIPE, parse_overrides(tuple(arm_settings("vanilla", 0, frontier))))
+        records.put("base", {"machine": machine(), "held_out": play_held_out(recipe, None, out / "base-eval")})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--design", action="store_true", help="write the held-out tasks and print the power table")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "seal-vs-vanilla", help="the stores (not in git)")
+    parser.add_argument("--records", type=Path, default=ROOT / "docs" / "results" / "seal-vs-vanilla",
+                        help="the records of finished parts (default: %(default)s)")
+    parser.add_argument("--arms", default=",".join(PRIMARY), help="arms to run, in order (default: %(default)s)")
+    parser.add_argument("--summary-only", action="store_true", help="run nothing: tabulate the records")
     args = parser.parse_args()
     if args.design:
         ids = held_out_ids()
@@ -113,6 +341,14 @@ def main() -> None:
         for row in power_table():
             cells = " | ".join(str(row["detectable"][n] or "never") for n in (5, 6, 8))
             print(f"| {row['seed_sd']:g} | {row['correlation']:g} | {row['pair_sd']:.1f} | {cells} |")
+        return
+    records = Records(args.records)
+    if not args.summary_only:
+        args.out.mkdir(parents=True, exist_ok=True)
+        run(args.out, records, args.arms.split(","))
+    summary = summarize(records)
+    records.put("summary", summary)
+    print_summary(summary)
 
 
 if __name__ == "__main__":

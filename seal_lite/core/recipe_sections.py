@@ -183,8 +183,8 @@ class InterfaceConfig(Section):
     guideline_min_count: int = Field(
         3, ge=1,
         description="phi_cap: how often a failure label must occur in the epoch's statistics before it gets a line. "
-        "The paper's release uses 8 (its min_tag_count; every paper and GPU recipe states it); 3 lets a two-step CPU "
-        "run answer its first step's most common failure.",
+        "The paper's release uses 8 (its min_tag_count; every shipped recipe but the quickstart states it); 3 lets "
+        "a two-step CPU run answer its first step's most common failure.",
     )
     tool_format: Literal["official", "signatures"] = Field(
         "signatures",

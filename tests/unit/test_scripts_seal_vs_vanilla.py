@@ -74,3 +74,68 @@ def test_the_power_of_the_sign_flip_test_over_seeds():
     assert design.sign_flip_power(5, 10, pairs=8) < design.sign_flip_power(15, 10, pairs=8)
     assert design.detectable(8.5, pairs=8) == pytest.approx(11, abs=1)
     assert design.detectable(8.5, pairs=5) is None
+
+
+def test_the_frontier_keeps_tasks_solved_sometimes_at_most_eight_of_each_kind():
+    design = _design()
+    kinds = {"miss_param": [f"m{i}" for i in range(12)], "base": ["b0", "b1", "b2"]}
+    rates = {**{f"m{i}": 0.5 for i in range(12)}, "m0": 0.0, "m1": 1.0, "b0": 0.25, "b1": 0.0}
+    assert design.choose_frontier(rates, kinds) == [f"m{i}" for i in range(2, 10)] + ["b0"]
+
+
+def _played(passes: list[int], samples: int = 4) -> dict:
+    """Held-out plays: task i's samples pass ``passes[i]`` times; first turns abstain when they pass."""
+    return {f"t{i}": {"greedy": [n > 0, ["pass", "pass"]],
+                      "samples": [[j < n, ["correct_abstention" if j < n else "spurious_tool_call", "pass"]]
+                                  for j in range(samples)]}
+            for i, n in enumerate(passes)}
+
+
+def test_the_held_out_comparison_is_withheld_until_every_primary_run_is_evaluated(tmp_path):
+    """The pre-registration's rule, then its primary test: the paired sign-flip test over the seeds' differences,
+    with the paired bootstrap interval, and the secondary metrics."""
+    design = _design()
+    records = design.Records(tmp_path)
+    training = {"rewards": [0.25, 0.5, 0.5, 0.75], "trajectories": [8] * 4, "updated": 4, "minutes": 20.0}
+    for seed in design.SEEDS:
+        for arm in design.PRIMARY:
+            record = {"arm": arm, "seed": seed, "training": training}
+            if not (arm == "seal" and seed == 7):
+                record["held_out"] = _played([4, 2, 0, 1] if arm == "seal" else [3, 2, 0, 0])
+            records.put(f"{arm}-seed{seed}", record)
+    withheld = design.summarize(records)
+    assert withheld["held_out"] == {"withheld": "1 primary runs not yet evaluated"}
+    assert withheld["training"]["seal-seed0"]["trend"]["tau"] > 0
+    records.put("seal-seed7", {**records.get("seal-seed7"), "held_out": _played([4, 2, 0, 1])})
+    held_out = design.summarize(records)["held_out"]
+    assert held_out["per_seed"]["seal"] == [pytest.approx(7 / 16)] * 8
+    primary = held_out["primary"]
+    assert primary["mean"] == pytest.approx(2 / 16) and primary["p"] == pytest.approx(2 / 256)
+    assert primary["low"] <= primary["mean"] <= primary["high"] and primary["pair_sd"] == 0
+    seal = held_out["secondary"]["seal"]
+    assert seal["greedy"] == 0.75 and seal["abstention"] == pytest.approx(7 / 16) and seal["no_call"] == 0
+
+
+def test_a_runs_record_holds_what_seals_parts_did(tmp_path, smol_tokenizer):
+    """training_record reads a real store: per step the weights, rho per label, label counts and the interface
+    version, beside the reward curve."""
+    from helpers import ScriptedGenerator
+
+    from seal_lite.core.recipe import Recipe
+    from seal_lite.engines.store import Store
+    from seal_lite.step.algorithm import SealStep
+
+    design = _design()
+    task = load_tasks(["multi_turn_base_0"])[0].truncated(1)
+    recipe = Recipe()
+    recipe.rollout.num_generations, recipe.rollout.max_calls_per_turn, recipe.diagnoser.mode = 4, 1, "off"
+    store = Store(tmp_path / "seal.db")
+    step = SealStep(recipe, store, {task.id: task}, None)
+    for _ in range(2):  # every episode answers in text
+        step.generator = ScriptedGenerator(smol_tokenizer, [["Sure."]] * 4)
+        step([task.id])
+    record = design.training_record(tmp_path)
+    assert record["rewards"] == [0.0, 0.0] and record["labels"] == [{"empty_turn_model_response": 4}] * 2
+    assert record["interface_version"] == [1.0, 2.0]  # 4 empty turns >= the quickstart's 3: a guideline
+    assert [row["version"] for row in record["interface_versions"]] == [1, 2]
+    assert len(record["rho"]["empty_turn_model_response"]) == 2 and len(record["weights"]["mean"]) == 2
