@@ -4,6 +4,7 @@ Fixtures stay in tests/conftest.py; scaffolding that benchmarks share is in test
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -12,6 +13,14 @@ from seal_lite.core.calls import parse_calls
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 # the first line of a script that a test runs in another Python process and that imports tests.support
 IMPORT_TESTS = f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+
+
+def load_script(name: str):
+    """scripts/NAME.py as a module (the scripts are files, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tool_call_text(calls: list[str]) -> str:

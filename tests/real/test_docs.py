@@ -8,7 +8,6 @@ The README's five-minute tour runs word for word on a small real run, whose prin
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
@@ -23,14 +22,13 @@ import yaml
 
 from seal_lite.cli import main
 from seal_lite.core.recipe import RecipeError, load_recipe
+from tests.helpers import load_script
 
 ROOT = Path(__file__).parents[2]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
 
-spec = importlib.util.spec_from_file_location("make_docs", ROOT / "scripts" / "make_docs.py")
-make_docs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(make_docs)
+make_docs = load_script("make_docs")
 
 
 def without_generated_help(text: str) -> str:

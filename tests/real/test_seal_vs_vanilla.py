@@ -1,12 +1,12 @@
 """scripts/seal_vs_vanilla.py's held-out plays on a real model: greedy and seeded samples, scored by bfcl-eval."""
 
-import importlib.util
 from pathlib import Path
 
 from seal_lite.api import parse_overrides
 from seal_lite.core.labels import SUCCESS_LABELS
 from seal_lite.core.recipe import load_recipe
 from seal_lite.envs.bfcl import load_tasks
+from tests.helpers import load_script
 
 ROOT = Path(__file__).parents[2]
 
@@ -15,9 +15,7 @@ def test_held_out_plays_are_scored_turn_by_turn_and_their_samples_reproduce(tmp_
     """SmolLM2-135M (the fastest real model) plays one held-out task of the design, two turns: once greedily and
     twice at temperature 1; every play has a verdict and a label per turn (a passed task passed every turn), and
     the samples' streams are seeded, so a second evaluation repeats them."""
-    spec = importlib.util.spec_from_file_location("seal_vs_vanilla", ROOT / "scripts" / "seal_vs_vanilla.py")
-    design = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(design)
+    design = load_script("seal_vs_vanilla")
     settings = [*design.arm_settings("vanilla", 0, ["multi_turn_base_19", "multi_turn_base_45"]), "policy.model=smollm2-135m",
                 "rollout.max_new_tokens=32"]
     recipe = load_recipe(ROOT / design.RECIPE, parse_overrides(tuple(settings)))

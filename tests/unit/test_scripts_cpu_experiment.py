@@ -8,17 +8,13 @@ from pathlib import Path
 import pytest
 
 from seal_lite.core.recipe import load_recipe
+from tests.helpers import load_script
 
 ROOT = Path(__file__).parents[2]
 
 
 def _cpu_experiment():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("cpu_experiment", ROOT / "scripts" / "cpu_experiment.py")
-    experiment = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(experiment)
-    return experiment
+    return load_script("cpu_experiment")
 
 
 def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
@@ -148,14 +144,10 @@ def test_the_step_size_sweep_reads_a_runs_store(tmp_path, monkeypatch):
     """scripts/cpu_sweep.py (issue 17's lr and rank sweep) shares the experiment's screen and statistics, and reads
     the reward quarters and the watched metrics of a run's first --steps steps from its store (so the experiment's
     longer SEAL run can stand for the recipe's own step size); a metric never logged shows as missing."""
-    import importlib.util
-
     from seal_lite.engines.store import Store
 
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("cpu_sweep", ROOT / "scripts" / "cpu_sweep.py")
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = load_script("cpu_sweep")
     store = Store(tmp_path / "seal.db")
     for step, reward in enumerate([0.0, 0.25, 0.5, 0.75], start=1):
         store.db["steps"].insert({"step": step, "reward_mean": reward}, alter=True)
@@ -172,15 +164,11 @@ def test_the_step_size_sweep_reads_a_runs_store(tmp_path, monkeypatch):
 def test_the_rise_script_records_a_runs_steps_and_its_trend_and_tabulates_records(tmp_path, monkeypatch):
     """scripts/cpu_rise.py (issue 40): a finished run's per-step figures and the trend test with the steps as units,
     read from its store; --summary-only tabulates the committed records without running anything."""
-    import importlib.util
-
     from seal_lite.core.trend import reward_trend
     from seal_lite.engines.store import Store
 
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("cpu_rise", ROOT / "scripts" / "cpu_rise.py")
-    rise = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rise)
+    rise = load_script("cpu_rise")
     store = Store(tmp_path / "run" / "seal.db")
     store.start_run("cpu-learn", {}, "qwen2.5-coder-0.5b")
     rewards = [0.25, 0.5, 0.375, 0.75, 0.875]

@@ -1,6 +1,5 @@
 """scripts/seal_vs_vanilla.py: issue 41's pre-registered design (arms, tasks, held-out set, power)."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -8,15 +7,13 @@ import pytest
 from seal_lite.core.recipe import load_recipe
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.runs.tasks import read_task_file
+from tests.helpers import ScriptedGenerator, load_script
 
 ROOT = Path(__file__).parents[2]
 
 
 def _design():
-    spec = importlib.util.spec_from_file_location("seal_vs_vanilla", ROOT / "scripts" / "seal_vs_vanilla.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("seal_vs_vanilla")
 
 
 def test_the_arms_are_the_papers_seal_vanilla_and_weighting_alone():
@@ -119,8 +116,6 @@ def test_the_held_out_comparison_is_withheld_until_every_primary_run_is_evaluate
 def test_a_runs_record_holds_what_seals_parts_did(tmp_path, smol_tokenizer):
     """training_record reads a real store: per step the weights, rho per label, label counts and the interface
     version, beside the reward curve."""
-    from helpers import ScriptedGenerator
-
     from seal_lite.core.recipe import Recipe
     from seal_lite.engines.store import Store
     from seal_lite.step.algorithm import SealStep
