@@ -46,6 +46,7 @@ HELD_OUT_PER_KIND = 24
 SAMPLES = 4  # held-out samples per task at temperature 1, beside the greedy one
 SAMPLE_SEED = 1000  # the held-out samples' random streams, the same for every model
 SCREEN_SAMPLES, FRONTIER_PER_KIND = 4, 8
+MIN_FRONTIER = 2  # the recipe's grpo.tasks_per_step: a step draws 2 distinct tasks
 PRIMARY = ("vanilla", "seal")
 
 
@@ -298,6 +299,11 @@ def run(out: Path, records: Records, arms: list[str]) -> None:
 
     frontier = screen(out, records)
     print(f"frontier: {len(frontier)} tasks: {' '.join(frontier)}", flush=True)
+    if len(frontier) < MIN_FRONTIER:
+        raise SystemExit(f"the screen kept {len(frontier)} training tasks (solved in some, not all, of "
+                         f"{SCREEN_SAMPLES} samples), fewer than a step draws ({MIN_FRONTIER}): the pre-registered "
+                         "design cannot train. Any change to it is an amendment, recorded in docs/results.md "
+                         "before a run starts.")
     for seed in SEEDS:
         for arm in arms:
             name, run_dir = f"{arm}-seed{seed}", out / f"{arm}-seed{seed}"

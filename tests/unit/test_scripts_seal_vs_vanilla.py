@@ -134,3 +134,13 @@ def test_a_runs_record_holds_what_seals_parts_did(tmp_path, smol_tokenizer):
     assert record["interface_version"] == [1.0, 2.0]  # 4 empty turns >= the quickstart's 3: a guideline
     assert [row["version"] for row in record["interface_versions"]] == [1, 2]
     assert len(record["rho"]["empty_turn_model_response"]) == 2 and len(record["weights"]["mean"]) == 2
+
+
+def test_a_frontier_too_small_to_draw_a_step_stops_the_experiment_before_any_run(tmp_path):
+    """A screen that keeps fewer tasks than a step draws ends the script with the reason, not a crash in a run."""
+    design = _design()
+    records = design.Records(tmp_path / "records")
+    records.put("frontier", {"frontier": ["multi_turn_base_19"], "rates": {"multi_turn_base_19": 0.25}})
+    with pytest.raises(SystemExit, match="kept 1 training tasks"):
+        design.run(tmp_path / "out", records, list(design.PRIMARY))
+    assert not (tmp_path / "out").exists()
