@@ -108,19 +108,21 @@ def seed_means(runs: list[dict[str, float]]) -> list[float]:
 
 
 def two_level_bootstrap(a: list[dict[str, float]], b: list[dict[str, float]] | None = None, level: float = 0.95,
-                        resamples: int = 20_000, seed: int = 0) -> dict[str, float]:
+                        resamples: int = 20_000, seed: int = 0, paired: bool = False) -> dict[str, float]:
     """Percentile bootstrap interval {"low", "high"} and standard error {"se"} of arm a's mean score (minus arm b's,
     if given), resampling both sources of chance: the seeds of each arm, then the tasks (the same draw of tasks for
-    both arms, which share them). An arm of one run (the greedy base model) has no seeds to resample."""
+    both arms, which share them). An arm of one run (the greedy base model) has no seeds to resample. ``paired``:
+    a's and b's runs are pairs (the same seed), drawn together."""
     import numpy as np
 
     tasks = sorted(a[0])
     draw = np.random.default_rng(seed)
     columns = draw.multinomial(len(tasks), [1 / len(tasks)] * len(tasks), size=resamples)  # how often each task is drawn
+    pairs = draw.multinomial(len(a), [1 / len(a)] * len(a), size=resamples) if paired else None
 
     def means(runs: list[dict[str, float]]) -> np.ndarray:
         table = np.array([[run[task] for task in tasks] for run in runs])  # seeds x tasks
-        rows = draw.multinomial(len(runs), [1 / len(runs)] * len(runs), size=resamples)
+        rows = pairs if paired else draw.multinomial(len(runs), [1 / len(runs)] * len(runs), size=resamples)
         return ((rows @ table) * columns).sum(axis=1) / (len(runs) * len(tasks))
 
     values = np.sort(means(a) - (means(b) if b else 0.0))

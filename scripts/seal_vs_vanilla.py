@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_experiment import Records, machine, seal_lite, seed_test, sets  # noqa: E402 (the sibling script)
+from cpu_experiment import Records, machine, seal_lite, seed_test, sets, two_level_bootstrap  # noqa: E402
 
 RECIPE = "recipes/cpu-learn.yaml"
 # every arm: the recipe with the first two user turns, 12 steps, rule labels
@@ -214,20 +214,6 @@ def label_share(played: dict[str, dict], label: str, turn: int | None = None) ->
     return turns.count(label) / max(1, len(turns))
 
 
-def paired_interval(a: list[dict[str, float]], b: list[dict[str, float]], resamples: int = 20_000,
-                    seed: int = 0) -> tuple[float, float]:
-    """95% bootstrap interval of the mean paired difference a - b: seed pairs resampled together, then tasks."""
-    import numpy as np
-
-    tasks = sorted(a[0])
-    difference = np.array([[x[task] - y[task] for task in tasks] for x, y in zip(a, b, strict=True)])
-    draw = np.random.default_rng(seed)
-    rows = draw.multinomial(len(a), [1 / len(a)] * len(a), size=resamples)
-    columns = draw.multinomial(len(tasks), [1 / len(tasks)] * len(tasks), size=resamples)
-    values = np.sort(((rows @ difference) * columns).sum(axis=1) / (len(a) * len(tasks)))
-    return float(values[int(0.025 * resamples)]), float(values[int(0.975 * resamples)])
-
-
 def summarize(records: Records) -> dict:
     """The training curves so far, and, once every primary run is evaluated, the pre-registered comparison."""
     from seal_lite.core.trend import reward_trend
@@ -249,10 +235,11 @@ def summarize(records: Records) -> dict:
     differences = [statistics.fmean(s.values()) - statistics.fmean(v.values())
                    for s, v in zip(scores["seal"], scores["vanilla"], strict=True)]
     p, smallest = seed_test(differences, [0.0])
-    low, high = paired_interval(scores["seal"], scores["vanilla"])
+    interval = two_level_bootstrap(scores["seal"], scores["vanilla"], paired=True)
     summary["held_out"] = {
         "per_seed": {arm: [statistics.fmean(score.values()) for score in scores[arm]] for arm in PRIMARY},
-        "primary": {"mean": statistics.fmean(differences), "low": low, "high": high, "p": p, "smallest_p": smallest,
+        "primary": {"mean": statistics.fmean(differences), "low": interval["low"], "high": interval["high"], "p": p,
+                    "smallest_p": smallest,
                     "pair_sd": statistics.stdev(differences)},
         "secondary": {arm: {
             "greedy": statistics.fmean(statistics.fmean(pass_rate(runs[arm, seed]["held_out"], "greedy").values())

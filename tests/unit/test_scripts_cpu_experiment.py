@@ -63,6 +63,12 @@ def test_the_cpu_experiments_intervals_and_summary(tmp_path):
     assert both["low"] < -1 / 16 < both["high"]
     assert both["high"] - both["low"] > tasks_only[1] - tasks_only[0]  # the seeds widen it
     assert both["se"] == pytest.approx((both["high"] - both["low"]) / 3.92, rel=0.15)
+    # paired seeds drawn together: b is a shifted by 0.25 on every task of every seed, so the paired difference
+    # never varies, while arms resampled apart mix one arm's good seeds with the other's bad ones
+    shifted = [{task: value - 0.25 for task, value in run.items()} for run in vanilla]
+    together = experiment.two_level_bootstrap(vanilla, shifted, paired=True)
+    apart = experiment.two_level_bootstrap(vanilla, shifted)
+    assert together["low"] == pytest.approx(0.25) == pytest.approx(together["high"]) and apart["high"] - apart["low"] > 0.1
     one_run = experiment.two_level_bootstrap([{"a": 1.0, "b": 0.0}])  # a single run: tasks alone vary
     assert one_run["low"] == 0.0 and one_run["high"] == 1.0
     difference = experiment.seed_difference(seal, [{task: 0.0 for task in seal[0]}])
