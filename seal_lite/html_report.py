@@ -172,15 +172,10 @@ def _interface_timeline(store: Store) -> str:
 
 
 def _evaluation_table(store: Store) -> str:
-    from seal_lite.runs.evaluate_bfcl import TABLE_ROWS, TaskResult, summarize
+    from seal_lite.runs.evaluate_bfcl import TABLE_ROWS, results_from_rows, summarize
 
-    results = defaultdict(list)
     rows = store.evaluations()
-    for row in rows:
-        if row.get("benchmark") == "tau2":  # τ²-bench has its own table
-            continue
-        results[row["model"]].append(TaskResult(row["task_id"], row["category"], bool(row["valid"]),
-                                                row["turns_passed"], row["turns"], row["labels"]))
+    results = results_from_rows(rows)  # τ²-bench has its own table
     if not results:
         return ("<h2>Evaluation</h2><p>No BFCL evaluation yet: run <code>seal-lite eval RUN --base</code>.</p>"
                 + _tau2_table(rows))

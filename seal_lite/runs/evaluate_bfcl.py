@@ -103,6 +103,16 @@ def summarize(results: list[TaskResult]) -> dict[str, dict[str, float]]:
     return table
 
 
+def results_from_rows(rows: list[dict]) -> dict[str, list[TaskResult]]:
+    """model label -> its BFCL results, from the store's evaluations rows (τ²-bench's are skipped)."""
+    out: dict[str, list[TaskResult]] = {}
+    for row in rows:
+        if row.get("benchmark") != "tau2":
+            out.setdefault(row["model"], []).append(TaskResult(row["task_id"], row["category"], bool(row["valid"]),
+                                                               row["turns_passed"], row["turns"], row["labels"]))
+    return out
+
+
 def result_rows(model_label: str, split: str, results: list[TaskResult]) -> list[dict]:
     """Rows of the store's ``evaluations`` table."""
     now = time.time()

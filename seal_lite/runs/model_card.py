@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from pathlib import Path
 
 import yaml
@@ -19,6 +18,7 @@ import yaml
 from seal_lite.core.interface import describe_version
 from seal_lite.core.trend import reward_trend
 from seal_lite.engines.store import Store
+from seal_lite.runs.evaluate_bfcl import results_from_rows, summarize
 
 # the hub repositories of the registry's GGUFs (seal_lite/engines/model_sources.py): what their weights are
 HUB_IDS = {
@@ -86,18 +86,18 @@ def model_card(store: Store) -> str:
 
 def _evaluations(rows: list[dict]) -> list[str]:
     """One table row per evaluated model and category (BFCL), with the strict verdict's 95% interval."""
-    passed: dict[tuple[str, str], list[bool]] = defaultdict(list)
-    for row in rows:
-        if row.get("benchmark", "bfcl") == "bfcl":
-            passed[row["model"], row["category"]].append(bool(row["valid"]))
-    if not passed:
+    results = results_from_rows(rows)
+    if not results:
         return ["Not evaluated yet: `seal-lite eval RUN --base` scores it and the base model on held-out tasks."]
     table = ["Greedy, the official verdict on held-out tasks (95% Wilson interval over tasks):", "",
              "| model | category | tasks | strict accuracy |", "|---|---|---|---|"]
-    for (model, category), verdicts in sorted(passed.items()):
-        low, high = wilson_interval(sum(verdicts), len(verdicts))
-        table.append(f"| {model} | {category} | {len(verdicts)} | {100 * sum(verdicts) / len(verdicts):.1f}% "
-                     f"[{100 * low:.1f}, {100 * high:.1f}] |")
+    for model, found in sorted(results.items()):
+        for category, row in summarize(found).items():
+            if category == "mean":
+                continue
+            low, high = wilson_interval(round(row["accuracy"] * row["tasks"]), row["tasks"])
+            table.append(f"| {model} | {category} | {row['tasks']} | {100 * row['accuracy']:.1f}% "
+                         f"[{100 * low:.1f}, {100 * high:.1f}] |")
     return table
 
 
