@@ -103,8 +103,9 @@ def relaunch(processes: int, arguments: list[str]) -> None:
 
 
 def run(recipe: Recipe, out_dir: str | Path | None = None, *, overwrite: bool = False, progress: Progress | None = None,
-        on_start: Callable[[Path, str | None], None] = lambda out_dir, resumed: None):
-    """Train ``recipe`` with SEAL and return its ``RunSummary``; everything goes to ``out_dir/seal.db``.
+        on_start: Callable[[Path, str | None], None] = lambda out_dir, resumed: None, verbose: bool = False):
+    """Train ``recipe`` with SEAL and return its ``RunSummary``; everything goes to ``out_dir/seal.db``, and the
+    libraries' warnings, log lines and progress bars to ``out_dir/run.log`` (with ``verbose`` to stderr too).
 
     ``out_dir`` defaults to runs/<name>, or runs/<name>-2, ... when a finished run is there. An unfinished run
     there resumes; a finished one is refused unless ``overwrite``. ``on_start(out_dir, resumed_status)`` is called
@@ -118,7 +119,7 @@ def run(recipe: Recipe, out_dir: str | Path | None = None, *, overwrite: bool = 
     out_dir, status = distributed.on_main(lambda: choose_run_dir(recipe, Path(out_dir) if out_dir else None, overwrite))
     if distributed.is_main():
         on_start(out_dir, status)
-    return train.run(recipe, out_dir, progress or NoProgress())
+    return train.run(recipe, out_dir, progress or NoProgress(), verbose=verbose)
 
 
 def screen(recipe: Recipe, out_dir: str | Path | None = None, *, samples: int | None = None,

@@ -66,11 +66,14 @@ def _arguments(command: str, recipe, out, overrides, *extra: str) -> list[str]:
 @click.option("--overwrite", is_flag=True, help="Start afresh, deleting the run that already exists in --out.")
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Run on N processes of this machine (one per GPU) with accelerate (docs/distributed.md).")
-def run(recipe, overrides, out, overwrite, processes):
+@click.option("-v", "--verbose", is_flag=True, help="Also show the libraries' warnings, log lines and progress bars "
+              "(always in RUN/run.log).")
+def run(recipe, overrides, out, overwrite, processes, verbose):
     """Run the SEAL loop: roll out on BFCL, verify, diagnose, weight, and update a LoRA policy.
 
     RECIPE is a YAML file (default: the CPU quickstart); everything goes to the run directory's seal.db
-    (docs/store.md). After a crash, Ctrl-C or a full disk, the same command resumes the run.
+    (docs/store.md), the libraries' messages to its run.log. After a crash, Ctrl-C or a full disk, the same
+    command resumes the run.
 
     \b
     Examples:
@@ -85,7 +88,8 @@ def run(recipe, overrides, out, overwrite, processes):
                                  "accelerate launch", param_hint="--processes")
     config = _load(recipe, overrides, out=out, processes=max(processes, launched))
     if processes > 1 and launched == 1:  # accelerate starts the processes, each runs this command without it
-        api.relaunch(processes, _arguments("run", recipe, out, overrides, *(["--overwrite"] if overwrite else [])))
+        api.relaunch(processes, _arguments("run", recipe, out, overrides, *(["--overwrite"] if overwrite else []),
+                                           *(["--verbose"] if verbose else [])))
 
     def announce(out_dir, resumed):
         if resumed:
@@ -94,7 +98,7 @@ def run(recipe, overrides, out, overwrite, processes):
 
     main_process = api.is_main_process()
     with RichProgress(config.grpo.steps) if main_process else contextlib.nullcontext() as progress:
-        summary = api.run(config, out, overwrite=overwrite, progress=progress, on_start=announce)
+        summary = api.run(config, out, overwrite=overwrite, progress=progress, on_start=announce, verbose=verbose)
     if main_process:
         print_summary(summary)
 

@@ -29,6 +29,7 @@ from seal_lite.core.recipe_sections import (
     FieldProblems,
     GRPOConfig,
     InterfaceConfig,
+    LoggingConfig,
     PolicyConfig,
     Problem,
     RolloutConfig,
@@ -47,6 +48,7 @@ class Recipe(Section):
     interface: InterfaceConfig = Field(default_factory=InterfaceConfig)
     diagnoser: DiagnoserConfig = Field(default_factory=DiagnoserConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @field_validator("name")
     @classmethod

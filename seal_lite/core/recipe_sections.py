@@ -303,6 +303,32 @@ class GRPOConfig(Section):
         return value
 
 
+TRACKERS = ("none", "trackio", "tensorboard", "wandb")
+
+
+class LoggingConfig(Section):
+    report_to: Literal["none", "trackio", "tensorboard", "wandb"] = Field(
+        "none", description="Where else each step's metrics go, besides the run's store: none (the store only: "
+        "local and account-free), trackio (Trackio's local database; `trackio show --project seal-lite`), tensorboard "
+        "(RUN/tensorboard; `tensorboard --logdir RUN/tensorboard`) or wandb (Weights & Biases, logged in or "
+        "WANDB_MODE=offline). TRL's trainer reports its own figures there too. A tracker that is not installed or "
+        "cannot start never stops the run: one warning, then the store alone.",
+    )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_tracker(cls, value):
+        if value is False or value is None:  # YAML reads a bare `off` or `no` as false, and `null` as None
+            return "none"
+        if isinstance(value, str) and value.strip().lower() in TRACKERS:
+            return value.strip().lower()
+        trackers = ", ".join(TRACKERS)
+        if isinstance(value, (list, tuple)):
+            refuse([("logging.report_to", value, f"a run reports to one tracker; choose one of {trackers}")])
+        refuse([("logging.report_to", value, f"seal-lite reports to {trackers}; use one of them, e.g. "
+                 "logging.report_to: tensorboard (pip install tensorboard)")])
+
+
 class FieldProblem(ValueError):
     def __init__(self, field: str, value, message: str):
         super().__init__(message)

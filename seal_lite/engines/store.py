@@ -288,6 +288,10 @@ class Store:
         rows = self.db["metrics"].rows_where("name = ?", [name], order_by="step")
         return [(row["step"], row["value"]) for row in rows]
 
+    def step_metrics(self, step: int) -> dict[str, float]:
+        """Every metric ``step`` wrote, the update's included: name -> value, by name."""
+        return {row["name"]: row["value"] for row in self.db["metrics"].rows_where("step = ?", [step], order_by="name")}
+
     def metric_per_step(self, name: str) -> list[float | None]:
         """The metric's value at each of ``steps()``, in order; None where that step did not write it."""
         values = dict(self.metrics(name))

@@ -220,6 +220,9 @@ def prune_checkpoints(directory: Path, keep: int) -> None:
         shutil.rmtree(doomed)
 
 
+# recipe sections that change where a run reports, not what it computes: a run resumes under other values (and a
+# run stored before the section existed resumes too)
+NOT_THE_EXPERIMENT = ("logging",)
 
 
 def open_run(recipe: Recipe, store: Store, out_dir: Path) -> bool:
@@ -227,7 +230,8 @@ def open_run(recipe: Recipe, store: Store, out_dir: Path) -> bool:
     resumes."""
     resuming = run_status(out_dir) is not None
     if resuming:
-        differences = recipe_differences(json.loads(store.run()["recipe"]), recipe.model_dump())
+        differences = [name for name in recipe_differences(json.loads(store.run()["recipe"]), recipe.model_dump())
+                       if name.split(".")[0] not in NOT_THE_EXPERIMENT]
         if differences:
             raise RunMismatchError(f"{out_dir} holds a run of another recipe (differs in {', '.join(differences)}); "
                                    f"use the same recipe to resume it, another --out, or --overwrite")

@@ -28,7 +28,9 @@ from seal_lite.engines import distributed
 from seal_lite.engines.model_sources import resolve_gguf
 from seal_lite.engines.rollout_engine import rollout_backend, rollout_engine
 from seal_lite.engines.store import Store
+from seal_lite.engines.tracking import Tracker, open_tracker
 from seal_lite.runs.run_dir import open_run, prune_checkpoints, resume_point, run_directory
+from seal_lite.runs.run_log import LOG_FILE, library_output
 from seal_lite.runs.tasks import frontier_task_ids, screen_slice, select_task_ids, slice_tasks
 from seal_lite.step.algorithm import SealStep
 from seal_lite.step.diagnoser import Diagnoser
@@ -63,8 +65,20 @@ def _diagnoser(recipe: Recipe, store: Store | None):
         yield diagnoser
 
 
-def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> RunSummary:
+@contextlib.contextmanager
+def _tracker(recipe: Recipe, store: Store | None, out_dir: Path, resumed_at: int):
+    if store is None:  # several processes: rank 0 reports for all
+        yield Tracker()
+        return
+    with open_tracker(recipe.logging.report_to, out_dir, recipe.model_dump(), resumed_at) as tracker:
+        yield tracker
+
+
+def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress(), verbose: bool = False) -> RunSummary:
     """Run the whole SEAL loop for ``recipe`` and write everything to ``out_dir/seal.db``.
+
+    The libraries' warnings, log lines and progress bars go to ``out_dir/run.log`` (seal_lite/runs/run_log.py); with
+    ``verbose`` they are shown on the terminal too.
 
     If ``out_dir`` already holds an unfinished run of the same recipe, it resumes from its last committed step:
     the policy, optimizer, RNG and loop state come back from that step's checkpoint, and the rows of any step
@@ -85,7 +99,7 @@ def run(recipe: Recipe, out_dir: Path, progress: Progress = NoProgress()) -> Run
     if not distributed.is_main():
         distributed.on_main(lambda: None)  # rank 0 has the run directory and its lock (or fails for all)
         return _run(recipe, out_dir, NoProgress(), started)
-    with run_directory(out_dir, recipe):
+    with run_directory(out_dir, recipe), library_output(out_dir / LOG_FILE, verbose):
         return _run(recipe, out_dir, progress, started)
 
 
@@ -112,11 +126,19 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
             if not recipe.data.rescreen_every:  # a re-screen plays the whole slice again
                 tasks = {task_id: tasks[task_id] for task_id in task_ids}
         # imported after the policy is loaded: the Unsloth backend must patch trl before anything imports it
-        from seal_lite.training.grpo import CheckpointCallback, StoreCallback, build_trainer, updates_per_step
+        from seal_lite.training.grpo import (
+            CheckpointCallback,
+            StoreCallback,
+            TrackerCallback,
+            build_trainer,
+            updates_per_step,
+        )
 
         updates = updates_per_step(recipe)
         checkpoint = distributed.on_main(lambda: resume_point(store, out_dir, updates) if resuming else None)
-        with _diagnoser(recipe, store) as diagnoser:  # a served diagnoser stops here, also on error and Ctrl-C
+        resumed_at = checkpoint["step"] * updates if checkpoint else 0  # the trainer's global step
+        with (_diagnoser(recipe, store) as diagnoser,  # a served diagnoser stops here, also on error and Ctrl-C
+              _tracker(recipe, store, out_dir, resumed_at) as tracker):
 
             def commit(step: int, directory: str) -> None:
                 distributed.barrier()  # every process has written its part of the checkpoint (its RNG state)
@@ -128,8 +150,10 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
             callbacks = [CheckpointCallback(commit, updates)]
             if store is not None:
                 callbacks.insert(0, StoreCallback(store, updates, lambda: seal_step.rollouts_done_at))
+                if tracker.name != "none":
+                    callbacks.insert(1, TrackerCallback(store, tracker, updates))  # after the store has the step
             trainer = build_trainer(policy, recipe, task_ids, lambda step_task_ids: seal_step(step_task_ids),
-                                    str(out_dir / "checkpoints"), callbacks)
+                                    str(out_dir / "checkpoints"), callbacks, tracker.trainer_settings())
             with rollout_engine(recipe, trainer.model, policy.tokenizer, out_dir, policy.generation_mode) as (
                     generator, sync):
                 seal_step = SealStep(recipe, store, tasks, generator, progress, diagnoser, task_ids, sync_policy=sync)
@@ -137,7 +161,7 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
                     seal_step.restore(checkpoint["seal_state"])
                 progress.run_started(seal_step.step, f"policy {policy.backend}, rollouts {rollout_backend(recipe)}"
                                      + (f", {distributed.world_size()} processes" if distributed.world_size() > 1
-                                        else ""))
+                                        else "") + (f"; metrics also to {tracker.where}" if tracker.where else ""))
                 # 9. the policy updates, one per SEAL step (TRL calls seal_step for the rollouts of each)
                 trainer.train(resume_from_checkpoint=str(out_dir / checkpoint["path"]) if checkpoint else None)
         trainer.save_model(str(out_dir / "adapter"))  # written by rank 0 (transformers' should_save)

@@ -54,6 +54,7 @@ from seal_lite.training.shared_prefix import score_completions, supports
 if TYPE_CHECKING:
     from seal_lite.core.types import RolloutBatch
     from seal_lite.engines.store import Store
+    from seal_lite.engines.tracking import Tracker
 
 StepFunction = Callable[[list[str]], "RolloutBatch"]  # the step's task ids -> its batch for the update
 CHECKPOINT_PREFIX = "checkpoint-"  # transformers' name: checkpoint-<optimizer step>
@@ -102,6 +103,22 @@ class StoreCallback(TrainerCallback):
             metrics[m.UPDATE_SECONDS.name] = time.time() - done_at
         self.store.save_metrics(step, metrics)
         self.store.update_step(step, {"loss": float(logs["loss"]), "finished_at": time.time()})
+
+
+class TrackerCallback(TrainerCallback):
+    """Send each SEAL step's metrics, as the store holds them once ``StoreCallback`` (before it in the list) has
+    added the update's, to the run's tracker, at the trainer's global step: where the trainer logs the same step.
+    TRL's own log (``grpo/<name>`` in the store) is left out, as the trainer reports it there as ``train/<name>``."""
+
+    def __init__(self, store: Store, tracker: Tracker, updates: int):
+        self.store, self.tracker, self.updates = store, tracker, updates
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs or state.global_step == 0:
+            return
+        metrics = self.store.step_metrics(state.global_step // self.updates)
+        self.tracker.log(state.global_step, {name: value for name, value in metrics.items()
+                                             if m.describe(name) is not m.TRL_LOG})
 
 
 class CheckpointCallback(TrainerCallback):
@@ -334,7 +351,9 @@ def check_trainer(trainer: GRPOTrainer, backend: str) -> None:
 
 
 def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step: StepFunction,
-                  output_dir: str, callbacks: list[TrainerCallback] = ()) -> SealGRPOTrainer:
+                  output_dir: str, callbacks: list[TrainerCallback] = (), reporting: dict | None = None) -> SealGRPOTrainer:
+    """TRL's trainer for the run. ``reporting``: the TrainingArguments that name the tracker it reports its own figures
+    to (``Tracker.trainer_settings()``, seal_lite/engines/tracking.py); None: it reports nowhere."""
     grpo, group = recipe.grpo, recipe.rollout.num_generations
     updates = updates_per_step(recipe)
     # Unsloth computes log-probs its own way (its chunked path), which the shared prefix does not enter. Several
@@ -371,7 +390,7 @@ def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step
         save_strategy="steps",
         save_steps=updates,  # a checkpoint at the end of every SEAL step
         save_total_limit=None,  # the loop prunes to grpo.keep_checkpoints after each commit (runner._prune_checkpoints)
-        report_to="none",
+        **(reporting or {"report_to": "none"}),
         disable_tqdm=True,
         seed=recipe.seed,
         bf16=policy.dtype == torch.bfloat16,
