@@ -12,6 +12,9 @@ time. Three parts, Qwen2.5-Coder-0.5B by default:
   engine's sampling log-probs and the trained model's (transformers, fp32), as the update measures it.
 * ``screen``: ``--screen-tasks`` training tasks x 4 samples under cpu-learn's rollouts: seconds and pass counts.
 
+``step`` and ``screen`` also play the shipped engine in rounds (``Rounds``: each message waits for the round's
+longest, as before continuous batching), so the gain of continuous batching is measured in the same run.
+
 Each finished part is written to ``--out`` (JSON) at once; a rerun skips the parts already there.
 
     python benchmarks/llamacpp_batching.py --eval-tasks 48 --step-seeds 3 --screen-tasks 16
@@ -55,6 +58,24 @@ def baseline_engine(commit: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.LlamaCppGenerator
+
+
+class Rounds:
+    """The shipped engine played in rounds, as before continuous batching: every message of a round waits for the
+    round's longest (the driver sees no ``generate_continuously``)."""
+
+    def __init__(self, engine: LlamaCppGenerator):
+        self.engine, self.tokenizer = engine, engine.tokenizer
+
+    def generate(self, *args):
+        out = self.engine.generate(*args)
+        self.sampled_logprobs = self.engine.sampled_logprobs
+        return out
+
+    def __getattr__(self, name):  # reseed, load_adapter, close
+        if name == "generate_continuously":
+            raise AttributeError(name)
+        return getattr(self.engine, name)
 
 
 def timed(play, phases: dict | None = None):
@@ -147,6 +168,8 @@ def part_step(args, tokenizer, Baseline) -> dict:
     interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
     path = str(gguf_path(recipe.policy.model))
     seeds, engines = [], {"baseline": Baseline(path, tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2),
+                          "rounds": Rounds(LlamaCppGenerator(path, tokenizer, n_ctx=rollout.max_context_tokens,
+                                                             n_threads=2)),
                           "batched": LlamaCppGenerator(path, tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2)}
     everything = {name: [] for name in engines}
     for seed in range(args.step_seeds):
@@ -167,8 +190,9 @@ def part_step(args, tokenizer, Baseline) -> dict:
                                                          for task, group in zip(tasks, groups) for t in group]}
         row["speedup"] = row["baseline"]["seconds"] / row["batched"]["seconds"]
         seeds.append(row)
-        print(f"  seed {seed}: {row['baseline']['seconds']:.1f} s vs {row['batched']['seconds']:.1f} s "
-              f"({row['speedup']:.2f}x), rewards {row['baseline']['rewards']} vs {row['batched']['rewards']}", flush=True)
+        print(f"  seed {seed}: {row['baseline']['seconds']:.1f} s, in rounds {row['rounds']['seconds']:.1f} s, "
+              f"continuous {row['batched']['seconds']:.1f} s ({row['speedup']:.2f}x), rewards "
+              f"{row['baseline']['rewards']}, {row['rounds']['rewards']}, {row['batched']['rewards']}", flush=True)
     for engine in engines.values():
         engine.close()
     gaps = {}
@@ -177,7 +201,8 @@ def part_step(args, tokenizer, Baseline) -> dict:
         gaps[name] = {"tokens": len(values), "mean": float(values.mean()), "p99": float(np.quantile(values, 0.99)),
                       "max": float(values.max()), "share_over_1": float((values > 1.0).mean())}
     total = {name: sum(row[name]["seconds"] for row in seeds) for name in engines}
-    return {"seeds": seeds, "speedup": total["baseline"] / total["batched"], "logprob_gap": gaps}
+    return {"seeds": seeds, "speedup": total["baseline"] / total["batched"],
+            "speedup_in_rounds": total["baseline"] / total["rounds"], "logprob_gap": gaps}
 
 
 def part_screen(args, tokenizer, Baseline) -> dict:
@@ -189,21 +214,28 @@ def part_screen(args, tokenizer, Baseline) -> dict:
     path = str(gguf_path(recipe.policy.model))
     old = Baseline(path, tokenizer, n_ctx=recipe.rollout.max_context_tokens, n_threads=2)
     old.reseed(recipe.seed, 0)
-    phases = {"baseline": {}, "batched": {}}
+    phases = {"baseline": {}}
     groups, old_s = timed(lambda: [rollout_group(task, 4, old, recipe.rollout, interface) for task in tasks],
                           phases["baseline"])
     old.close()
     before = [sum(diagnose_episode(task, t.turns).valid for t in group) for task, group in zip(tasks, groups)]
-    new = LlamaCppGenerator(path, tokenizer, n_ctx=recipe.rollout.max_context_tokens, n_threads=2)
-    new.reseed(recipe.seed, 0)
-    with tempfile.TemporaryDirectory() as directory:
-        store = Store(Path(directory) / "seal.db")
-        rates, new_s = timed(lambda: screen_tasks(tasks, new, recipe, store), phases["batched"])
-    new.close()
-    after = [round(rates[task.id] * 4) for task in tasks]
-    return {"tasks": len(tasks), "samples": 4, "baseline_s": old_s, "batched_s": new_s, "speedup": old_s / new_s,
-            "phases": phases, "passes": [sum(before), sum(after)], "tasks_with_signal": [sum(0 < p < 4 for p in before),
-                                                                      sum(0 < p < 4 for p in after)]}
+    seconds, passes = {}, {}
+    for name in ("rounds", "batched"):
+        engine = LlamaCppGenerator(path, tokenizer, n_ctx=recipe.rollout.max_context_tokens, n_threads=2)
+        engine.reseed(recipe.seed, 0)
+        with tempfile.TemporaryDirectory() as directory:
+            store = Store(Path(directory) / "seal.db")
+            played = Rounds(engine) if name == "rounds" else engine
+            phases[name] = {}
+            rates, seconds[name] = timed(lambda p=played, s=store: screen_tasks(tasks, p, recipe, s), phases[name])
+        engine.close()
+        passes[name] = [round(rates[task.id] * 4) for task in tasks]
+    after = passes["batched"]
+    return {"tasks": len(tasks), "samples": 4, "baseline_s": old_s, "rounds_s": seconds["rounds"],
+            "batched_s": seconds["batched"], "speedup": old_s / seconds["batched"],
+            "speedup_in_rounds": old_s / seconds["rounds"], "phases": phases,
+            "passes": [sum(before), sum(passes["rounds"]), sum(after)],
+            "tasks_with_signal": [sum(0 < p < 4 for p in before), sum(0 < p < 4 for p in after)]}
 
 
 def main() -> None:

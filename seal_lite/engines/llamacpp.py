@@ -10,6 +10,9 @@ one llama.cpp context with one KV cache shared by all of them (``kv_unified``), 
   shared, not copied). A trajectory's next call only reads what the environment appended since its last one.
 * **Every live sequence decodes together**: one ``llama_decode`` per generated token for all rows, and the
   prefill of several rows' new text (tool results, user turns) in shared batches.
+* **No row waits for another's message** (``generate_continuously``): when a row's message ends, the driver runs
+  its tool calls at once and the text that appends is read in the batches that decode the other rows, so an
+  episode's next message starts without waiting for the longest message of a round.
 
 Attention in a shared cache scans every used cell (skipping other sequences' cells cheaply, but not for free),
 so the engine drops a finished row's entry as soon as a call no longer continues it, and keeps only the few most
@@ -28,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from seal_lite.core import timing
@@ -58,10 +62,12 @@ class _Entry:
 
 @dataclass
 class _Row:
+    index: int
     ids: list[int]
+    budget: int  # the most tokens its message may have
     rng: object
     entry: _Entry | None = None
-    next_token: int = 0  # the token to decode next: first the last of ``ids``, then each sampled one
+    feed: list[int] = field(default_factory=list)  # tokens to decode next: the last of ``ids``, then each sampled
     new: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -173,27 +179,43 @@ class LlamaCppGenerator:
     # -- one call ---------------------------------------------------------------------------------------------
 
     def generate(self, batch: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
+        """One message for each row of ``batch``, all rows decoded together."""
+        rows = self._play(batch, [max_new_tokens] * len(batch), temperature, on_message=None)
+        self.sampled_logprobs = [row.logprobs for row in rows]
+        return [row.new for row in rows]
+
+    def generate_continuously(self, batch: list[list[int]], budgets: list[int], temperature: float,
+                              on_message: Callable[[int, list[int], list[float]], tuple[list[int], int] | None],
+                              ) -> None:
+        """Each row's messages one after another, without waiting for the other rows' (continuous batching).
+
+        When row ``i``'s message ends (a stop token, or ``budgets[i]`` tokens), ``on_message(i, tokens, logprobs)``
+        runs its episode on (tool calls, the next user turn) and returns the row's whole sequence to go on from
+        and its next message's budget, or None when the episode is over. What that sequence appends is read in
+        the same decode batches as the other rows' next tokens. A row whose continuation would not fit the cache
+        beside the live rows stops here; the caller plays its episode on in a later call."""
+        self._play(batch, budgets, temperature, on_message)
+
+    def _play(self, batch: list[list[int]], budgets: list[int], temperature: float, on_message) -> list[_Row]:
         import numpy as np
 
         if self.ctx is None:
             self._open()
         self.calls, self.taken = self.calls + 1, []
-        rows = [_Row(ids, np.random.default_rng([*self.seed, self.calls, index])) for index, ids in enumerate(batch)]
+        rows = [_Row(index, ids, budget, np.random.default_rng([*self.seed, self.calls, index]))
+                for index, (ids, budget) in enumerate(zip(batch, budgets, strict=True))]
         self._forget_finished(rows)
         sources = Counter(id(self._source(row.target)[0]) for row in rows)
         self.contested = {source for source, wanted in sources.items() if wanted > 1}  # never cut in place
-        waves = self._waves(rows, max_new_tokens)
+        waves = self._waves(rows, max(budgets, default=0))
         for number, wave in enumerate(waves):
             if number:  # the cache cannot hold every row: the last wave's rows make room (re-read next call)
                 done = {id(row.entry) for row in waves[number - 1]}
                 self._evict(lambda entry, done=done: id(entry) in done)
             with timing.phase("prefill"):
                 self._prefill(wave)
-            started = time.perf_counter()
-            self._decode(wave, max_new_tokens, temperature)
-            timing.add("decode", time.perf_counter() - started)
-        self.sampled_logprobs = [row.logprobs for row in rows]
-        return [row.new for row in rows]
+            self._decode(wave, temperature, on_message)
+        return rows
 
     def cached_tokens(self) -> int:
         """Cells of the cache in use (each shared prefix counted once)."""
@@ -332,24 +354,70 @@ class LlamaCppGenerator:
                                "(rollout.cache_tokens sets the cache)")
         self.read_tokens += len(tokens)
 
-    def _decode(self, rows: list[_Row], max_new_tokens: int, temperature: float) -> None:
-        """Sample every row's message, all live rows advancing by one token per llama_decode."""
+    def _decode(self, rows: list[_Row], temperature: float, on_message) -> None:
+        """Sample every row's message, each live row advancing by one token per llama_decode; with ``on_message``,
+        a row whose message ends is continued in the same loop (what its episode appended is read in the batches
+        that decode the others)."""
         import llama_cpp
         import numpy as np
 
         for row in rows:
-            row.next_token = row.ids[-1]  # its logits give the first new token
+            row.feed = [row.ids[-1]]  # its logits give the first new token
         live = list(rows)
         while live:
-            self._run([(row.entry, row.next_token, True) for row in live])
-            for i, row in enumerate(live):
+            started = time.perf_counter()
+            tokens, sampling = self._next_batch(live)
+            self._run(tokens)
+            ended = []
+            for i, row in sampling:
                 logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
-                row.next_token, logprob = sample(logits, temperature, row.rng)
-                row.new.append(row.next_token)
+                token, logprob = sample(logits, temperature, row.rng)
+                row.new.append(token)
                 row.logprobs.append(logprob)
-            live = [row for row in live if row.new[-1] not in self.stop_ids and len(row.new) < max_new_tokens]
-        for row in rows:
-            row.entry.last_used = self.calls
+                row.feed = [token]
+                if token in self.stop_ids or len(row.new) >= row.budget:
+                    ended.append(row)
+            timing.add("decode", time.perf_counter() - started)
+            for row in ended:
+                live.remove(row)
+                row.entry.last_used = self.calls
+                if on_message is not None and self._continue(row, on_message(row.index, row.new, row.logprobs), live):
+                    live.append(row)
+
+    def _next_batch(self, live: list[_Row]) -> tuple[list[tuple[_Entry, int, bool]], list[tuple[int, _Row]]]:
+        """The next llama_decode's tokens: every row's next token, then as much of the rows' fed-back text as the
+        batch holds; and (batch index, row) for each row whose logits it yields."""
+        tokens, sampling = [], []
+        for row in sorted(live, key=lambda row: len(row.feed)):  # decoding rows first: no row waits on a long read
+            take = row.feed[: BATCH_TOKENS - len(tokens)]
+            del row.feed[: len(take)]
+            for token in take:
+                tokens.append((row.entry, token, False))
+            if take and not row.feed:
+                tokens[-1] = (row.entry, take[-1], True)
+                sampling.append((len(tokens) - 1, row))
+        return tokens, sampling
+
+    def _continue(self, row: _Row, reply: tuple[list[int], int] | None, live: list[_Row]) -> bool:
+        """Set ``row`` up for its episode's next message, if there is one and it fits the cache beside the live
+        rows' messages; else drop its sequence when its episode is over."""
+        import llama_cpp
+
+        entry = row.entry
+        if reply is None:
+            self._evict(lambda candidate: candidate is entry)
+            return False
+        ids, budget = reply
+        kept = min(_prefix_length(entry.tokens, ids), len(ids) - 1)  # the cache holds all but the last sampled
+        room = self.cache_tokens - self.cached_tokens() - sum(r.budget - len(r.new) + len(r.feed) for r in live)
+        if len(ids) - kept + budget > room:
+            return False
+        if kept < len(entry.tokens):
+            llama_cpp.llama_memory_seq_rm(self.memory, entry.seq, kept, -1)
+            del entry.tokens[kept:]
+            entry.own_from = min(entry.own_from, kept)
+        row.ids, row.budget, row.feed, row.new, row.logprobs = ids, budget, ids[kept:], [], []
+        return True
 
 
 def sample(logits, temperature: float, rng) -> tuple[int, float]:

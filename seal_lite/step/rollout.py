@@ -1,7 +1,9 @@
 """The multi-turn episode driver: prompts, tool execution, token bookkeeping and loss masks.
 
-``rollout_groups`` plays G episodes of each of several tasks in lockstep, so every round of model calls is one
-batched generation (at most ``rollout.generation_batch_size`` sequences per call): a step's tasks x G at once.
+``rollout_groups`` plays G episodes of each of several tasks together (at most ``rollout.generation_batch_size``
+sequences per call): a step's tasks x G at once. With transformers, in rounds: every round of model calls is one
+batched generation. With llama.cpp, continuously: an episode's next message starts as soon as its last one is
+applied, while the others still decode (``generate_continuously``).
 Every engine shares what those sequences have in common: transformers in one padded batch, llama.cpp in one
 KV cache where each shared prefix is read once (``by_shared_prefix`` orders tasks so that neighbours share most).
 Each episode keeps the exact token ids the policy saw, with ``env_mask`` = 1 on tokens the policy generated
@@ -16,6 +18,7 @@ model, with a tool template (Qwen) or without one (SmolLM2), sees the same text.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,7 +38,9 @@ from seal_lite.envs.bfcl import Environment, Task, additional_functions_prompt
 class Generator(Protocol):
     """A policy that continues token sequences. Returns only the new ids, ending with a stop token if one
     was produced. A generator that samples with another engine than the trained model (llama.cpp) also sets
-    ``sampled_logprobs``: the log-probability of each returned token under that engine."""
+    ``sampled_logprobs``: the log-probability of each returned token under that engine. One that also has
+    ``generate_continuously`` (seal_lite/engines/llamacpp.py) plays whole episodes in one call, through a hook
+    that applies each message as it ends."""
 
     tokenizer: object
 
@@ -145,9 +150,10 @@ def rollout_groups(
     for episode in episodes:  # a prompt that leaves no room for one message ends the episode before it starts
         if len(episode.conversation.ids) + rollout.max_new_tokens > rollout.max_context_tokens:
             episode.stop_reason = StopReason.CONTEXT
+    play = _play_continuously if hasattr(generator, "generate_continuously") else _generate_round
     while active := [e for e in episodes if e.stop_reason is None]:
         for chunk in generation_chunks(active, rollout):
-            _generate_round(chunk, generator, rollout)
+            play(chunk, generator, rollout)
     sampled = getattr(generator, "sampled_logprobs", None) is not None
     trajectories = [_trajectory(e, sampled) for e in episodes]
     return [trajectories[start : start + group_size] for start in range(0, len(trajectories), group_size)]
@@ -179,14 +185,42 @@ def generation_chunks(active: list, rollout: RolloutConfig) -> list[list]:
 
 def _generate_round(active: list[_Episode], generator: Generator, rollout: RolloutConfig) -> None:
     """One model message for each active episode, in one batched generation."""
-    max_new_tokens = rollout.max_new_tokens
-    if rollout.max_response_tokens is not None:  # checked after each message; a call never starts past it
-        max_new_tokens = min(max_new_tokens, max(rollout.max_response_tokens - e.response_tokens() for e in active))
     with timing.phase("generate"):
-        new_ids = generator.generate([e.conversation.ids for e in active], max_new_tokens, rollout.temperature)
+        new_ids = generator.generate([e.conversation.ids for e in active], _message_budget(active, rollout),
+                                     rollout.temperature)
     logprobs = getattr(generator, "sampled_logprobs", None) or [None] * len(active)
     for episode, ids, token_logprobs in zip(active, new_ids, logprobs, strict=True):
         _advance(episode, ids, token_logprobs, rollout)
+
+
+def _play_continuously(active: list[_Episode], generator: Generator, rollout: RolloutConfig) -> None:
+    """The active episodes to their end in one call of an engine that batches continuously: each episode's next
+    message starts as soon as its last one is applied, not when the round's longest message ends. (An episode
+    the engine could not go on with stays active for the next call.)"""
+    applying = 0.0
+
+    def on_message(row: int, ids: list[int], logprobs: list[float]) -> tuple[list[int], int] | None:
+        nonlocal applying
+        started = time.perf_counter()
+        episode = active[row]
+        _advance(episode, list(ids), list(logprobs), rollout)
+        applying += time.perf_counter() - started
+        if episode.stop_reason is not None:
+            return None
+        return episode.conversation.ids, _message_budget([episode], rollout)
+
+    with timing.phase("generate"):
+        generator.generate_continuously([e.conversation.ids for e in active],
+                                        [_message_budget([e], rollout) for e in active], rollout.temperature, on_message)
+    timing.add("generate", -applying)  # the episodes' own work (tools, templates) has its own phases
+
+
+def _message_budget(episodes: list[_Episode], rollout: RolloutConfig) -> int:
+    """The most tokens the episodes' next message may have. The response budget is checked after each message,
+    so a message never starts past it; a batch of episodes gets the largest of their budgets."""
+    if rollout.max_response_tokens is None:
+        return rollout.max_new_tokens
+    return min(rollout.max_new_tokens, max(rollout.max_response_tokens - e.response_tokens() for e in episodes))
 
 
 def _trajectory(e: _Episode, sampled: bool) -> Trajectory:

@@ -231,3 +231,93 @@ def test_every_llama_cpp_reads_prompts_with_the_threads_it_was_given(smol_tokeni
     with LocalServer(SMOL, n_ctx=512, n_threads=1) as server:
         argv = Path(f"/proc/{server.process.pid}/cmdline").read_bytes().decode().split("\0")
     assert argv[argv.index("--n_threads_batch") + 1] == "1"
+
+
+class _Lockstep:
+    """The same engine played in rounds: every message of a round waits for the round's longest."""
+
+    def __init__(self, engine):
+        self.engine, self.tokenizer = engine, engine.tokenizer
+
+    def generate(self, *args):
+        out = self.engine.generate(*args)
+        self.sampled_logprobs = self.engine.sampled_logprobs
+        return out
+
+
+def _continuous_setup(cache_tokens=None):
+    from seal_lite.core.recipe import load_recipe
+
+    rollout = load_recipe(None, {"rollout.max_turns": 2, "rollout.max_new_tokens": 48}).rollout
+    tasks = [task.truncated(2) for task in load_tasks(["multi_turn_base_1", "multi_turn_miss_param_103"])]
+    return rollout, [(task, evaluation_interface("signatures")) for task in tasks]
+
+
+def _plain_read_gaps(trajectories) -> list[float]:
+    """For every generated token, how far its logit is below the best one under a plain llama.cpp read of all
+    that precedes it: 0 where it is the argmax."""
+    llm = Llama(SMOL, n_ctx=4096, n_threads=2, flash_attn=True, logits_all=True, verbose=False)
+    gaps = []
+    try:
+        for t in trajectories:
+            ids = t.prompt_ids + t.completion_ids
+            llm.reset()
+            llm.eval(ids)
+            scores = np.asarray(llm.scores[: len(ids)])
+            for position, (token, generated) in enumerate(zip(t.completion_ids, t.env_mask)):
+                if generated:
+                    row = scores[len(t.prompt_ids) + position - 1]
+                    gaps.append(float(row.max() - row[token]))
+    finally:
+        llm.close()
+    return gaps
+
+
+def test_continuous_play_reads_each_token_once_and_decodes_as_a_plain_read(smol_tokenizer):
+    """Episodes played continuously (a row's tool results and next user turn read in the batches that decode the
+    other rows): each token of each episode is read once, and every greedy token is the argmax of a plain
+    llama.cpp read of what precedes it (or a near-tie): the cache held each row's own conversation."""
+    from seal_lite.step.rollout import rollout_groups
+
+    rollout, pairs = _continuous_setup()
+    generator = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2, seed=5)
+    try:
+        sampled = [t for group in rollout_groups(pairs, 2, generator, rollout) for t in group]
+        assert generator.calls == 1 and all(t.num_model_calls >= 2 for t in sampled)  # the whole episodes, one call
+        prompts = [t.prompt_ids for t in sampled]
+        # each prompt's prefix tree, then the rest once: its last token, and all after it but the last sampled
+        assert generator.read_tokens == _distinct([p[:-1] for p in prompts]) + sum(len(t.completion_ids) for t in sampled)
+        generator.reseed(5)
+        greedy = rollout.model_copy(update={"temperature": 0.0})
+        played = [t for group in rollout_groups(pairs, 1, generator, greedy) for t in group]
+    finally:
+        generator.close()
+    gaps = _plain_read_gaps(played)
+    assert len(gaps) > 60 and max(gaps) < NEAR_TIE
+
+
+def test_continuous_play_matches_lockstep_rounds_and_goes_on_after_the_cache_fills(smol_tokenizer):
+    """The same greedy episodes as rounds in lockstep (or a near-tie where they part), also when the cache is too
+    small to go on with every row: those rows stop in the engine and the driver plays them on in a later call."""
+    from seal_lite.step.rollout import rollout_groups
+
+    rollout, pairs = _continuous_setup()
+    greedy = rollout.model_copy(update={"temperature": 0.0})
+    played = {}
+    for name, cache_tokens in (("rounds", None), ("continuous", None), ("tight", 1400)):
+        generator = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2,
+                                      cache_tokens=cache_tokens)
+        generator.cache_tokens = cache_tokens or generator.cache_tokens  # below the usual floor of n_ctx + 512
+        try:
+            engine = _Lockstep(generator) if name == "rounds" else generator
+            played[name] = [t for group in rollout_groups(pairs, 1, engine, greedy) for t in group]
+            played[name + " calls"] = generator.calls
+        finally:
+            generator.close()
+    assert played["continuous calls"] == 1 < played["tight calls"]
+    for name in ("continuous", "tight"):
+        for a, b in zip(played["rounds"], played[name], strict=True):
+            if a.completion_ids != b.completion_ids:
+                split = _prefix_length(a.completion_ids, b.completion_ids)
+                assert b.env_mask[split] == 1  # they part at a model token, never in what the environment wrote
+        assert max(_plain_read_gaps(played[name])) < NEAR_TIE
