@@ -7,7 +7,7 @@ import nothing heavy.
 
 import importlib
 
-_FROM_API = ("run", "screen", "evaluate", "verify", "prompt", "report", "diagnose", "trajectory", "doctor",
+_FROM_API = ("run", "screen", "evaluate", "verify", "prompt", "report", "export", "diagnose", "trajectory", "doctor",
              "checked_recipe", "load_recipe", "SealLiteError")
 __all__ = list(_FROM_API)
 

@@ -31,8 +31,9 @@ from seal_lite.core.errors import ConfigError, RunError, SealLiteError
 from seal_lite.core.recipe import Recipe, RecipeError, load_recipe
 from seal_lite.core.types import NoProgress, Progress
 
-__all__ = ["SealLiteError", "checked_recipe", "diagnose", "doctor", "evaluate", "interface_version", "interface_versions",
-           "load_recipe", "parse_overrides", "prompt", "report", "run", "screen", "trajectory", "verify", "verify_summary"]
+__all__ = ["SealLiteError", "checked_recipe", "diagnose", "doctor", "evaluate", "export", "interface_version",
+           "interface_versions", "load_recipe", "parse_overrides", "prompt", "report", "run", "screen", "trajectory",
+           "verify", "verify_summary"]
 
 SCREEN_SAMPLES = 4  # samples per task of a screen whose recipe sets none (data.screen)
 TRAJECTORY_KEYS = ("id", "step", "task_id", "reward", "weight", "num_model_calls", "stop_reason")
@@ -247,6 +248,18 @@ def report(run_dir: str | Path, out_dir: str | Path | None = None, *, trajectori
         raise RunError(str(error)) from None
     write_model_card(run)
     return page
+
+
+def export(run_dir: str | Path, to: str, output: str | Path | None = None, *, step: int | None = None,
+           gguf_type: str | None = None, base_gguf: str | Path | None = None, overwrite: bool = False):
+    """Write the run's trained LoRA (its newest, or ``step``'s checkpoint) for other tools, ``to`` one of
+    "merged" (a Hugging Face model directory), "gguf" (one GGUF, its LoRA'd matrices as ``gguf_type``: f16, f32,
+    bf16 or q8_0) or "lora-gguf" (a llama.cpp adapter); ``output`` defaults to RUN/export/. ``base_gguf``: the base
+    model's GGUF, for a run whose policy.model is none. Returns an ``Export`` (path, ``serve_command()``)."""
+    from seal_lite.runs.export import export_run
+
+    return export_run(Path(run_dir), to, Path(output) if output else None, step=step, gguf_type=gguf_type,
+                      base_gguf=Path(base_gguf) if base_gguf else None, overwrite=overwrite)
 
 
 def diagnose(run_dir: str | Path, *, step: int | None = None, failed: bool = False) -> list[dict]:

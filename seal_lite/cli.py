@@ -174,6 +174,37 @@ def report(run_dir, report_dir, trajectories):
         click.echo(f"model card: {card}")
 
 
+@main.command()
+@run_argument
+@click.option("--to", "kind", required=True, type=click.Choice(["merged", "gguf", "lora-gguf"]),
+              help="merged: a Hugging Face model directory (transformers, vLLM). gguf: one GGUF with the LoRA merged "
+              "in (llama.cpp). lora-gguf: the LoRA as a llama.cpp adapter GGUF for the run's base GGUF.")
+@click.option("--output", type=click.Path(), metavar="PATH", help="Where to write it (default RUN/export/merged, "
+              "RUN/export/merged-f16.gguf or RUN/export/lora.gguf).")
+@click.option("--step", type=int, help="That step's checkpoint instead of the run's newest adapter.")
+@click.option("--gguf-type", type=click.Choice(["f16", "f32", "bf16", "q8_0"]),
+              help="With --to gguf: the type of the matrices the LoRA changed (default f16; the other tensors keep "
+              "the base GGUF's types).")
+@click.option("--base-gguf", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="The base model as a GGUF, for a run whose policy.model is a hub id or a directory (convert it "
+              "with llama.cpp's convert_hf_to_gguf.py).")
+@click.option("--overwrite", is_flag=True, help="Replace what is at --output.")
+def export(run_dir, kind, output, step, gguf_type, base_gguf, overwrite):
+    """Export a run's trained LoRA for other tools: a merged model, a GGUF, or a LoRA GGUF (docs/export.md).
+
+    Prints what it wrote and a command that serves it.
+
+    \b
+    Examples:
+      seal-lite export runs/quickstart --to lora-gguf
+      seal-lite export runs/quickstart --to gguf --gguf-type q8_0 --output qwen-seal.gguf
+      seal-lite export runs/quickstart --to merged --step 1
+    """
+    done = api.export(run_dir, kind, output, step=step, gguf_type=gguf_type, base_gguf=base_gguf, overwrite=overwrite)
+    click.echo(f"wrote {done.path} (--to {done.kind}, from {done.adapter})")
+    click.echo(f"serve it: {done.serve_command()}")
+
+
 DEFAULT, TAU2_DOMAINS = click.core.ParameterSource.DEFAULT, ("retail", "airline", "telecom")
 BENCHMARK_OPTIONS = {"bfcl": ("split", "view"), "tau2": ("domains", "user_model", "max_steps", "into")}
 

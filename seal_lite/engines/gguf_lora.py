@@ -14,10 +14,16 @@ input features and is untouched. Other architectures are accepted only once we k
 
 This runs after every policy update. Reading the base GGUF's header with ``GGUFReader`` costs seconds (it parses
 the whole tokenizer), so what we need from it is read once per file and cached.
+
+``export_merged_gguf`` folds the same tensors into the base GGUF instead (``seal-lite export --to gguf``): each
+LoRA'd matrix becomes W + (alpha / r)·B·A, computed in f32 from the de-quantized W in llama.cpp's own layout (so
+q/k are already permuted) and written as ``weight_type``; every other tensor and every header field (tokenizer,
+chat template) is copied byte for byte. Tensors are written one at a time, so a 7B model never sits in memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import tempfile
@@ -31,6 +37,9 @@ from seal_lite.core.errors import ModelError
 ADAPTER_NAME = "default"
 # general.architecture -> whether llama.cpp's converter permutes q/k rows (checked against convert_hf_to_gguf.py)
 PERMUTES_QK = {"llama": True, "qwen2": False}
+# What a merged GGUF's LoRA'd matrices can be written as: the types gguf-py can encode. f16 is llama.cpp's own
+# converter's usual output; q8_0 halves it again; anything smaller is llama.cpp's llama-quantize's job.
+MERGED_TYPES = ("f16", "f32", "bf16", "q8_0")
 
 
 class GGUFLoraError(ModelError):
@@ -57,11 +66,7 @@ def export_lora_gguf(peft_model, base_gguf: Path, out_path: Path) -> Path:
 
     base = read_base_gguf(Path(base_gguf))
     tensors, alpha = lora_tensors(peft_model, base)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(prefix=out_path.name + ".", suffix=".partial", dir=out_path.parent)
-    os.close(fd)
-    try:
+    with _written_in_place_of(Path(out_path)) as partial:
         writer = gguf.GGUFWriter(partial, base.arch)
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
@@ -72,11 +77,84 @@ def export_lora_gguf(peft_model, base_gguf: Path, out_path: Path) -> Path:
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
+    return Path(out_path)
+
+
+def export_merged_gguf(peft_model, base_gguf: Path, out_path: Path, weight_type: str = "f16") -> Path:
+    """Write ``base_gguf`` with ``peft_model``'s "default" LoRA merged into it, as one GGUF llama.cpp runs without
+    an adapter; the LoRA'd matrices are written as ``weight_type`` (one of ``MERGED_TYPES``), all else as it is in
+    ``base_gguf``. Written next to ``out_path`` and renamed over it; returns ``out_path``."""
+    import gguf
+
+    if weight_type not in MERGED_TYPES:
+        raise GGUFLoraError(f"weight type {weight_type!r}: use one of {', '.join(MERGED_TYPES)}")
+    qtype = gguf.GGMLQuantizationType[weight_type.upper()]
+    base = read_base_gguf(Path(base_gguf))
+    tensors, alpha = lora_tensors(peft_model, base)
+    arrays = dict(tensors)
+    pairs = {name.removesuffix(".lora_a"): (arrays[name], arrays[name.removesuffix("_a") + "_b"])
+             for name in arrays if name.endswith(".lora_a")}  # base tensor name -> (A, B)
+    reader = gguf.GGUFReader(str(base_gguf))
+
+    def merged(tensor) -> np.ndarray:
+        a, b = pairs[tensor.name]
+        weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(b.shape[0], a.shape[1])
+        scale = np.float32(llama_scale(alpha, a.shape[0]))
+        try:
+            return gguf.quants.quantize(weight + scale * (b @ a), qtype)
+        except gguf.quants.QuantError as error:  # q8_0 needs rows of a multiple of 32 values
+            raise GGUFLoraError(f"{tensor.name}: {error}; choose f16 instead") from None
+
+    with _written_in_place_of(Path(out_path)) as partial:
+        writer = gguf.GGUFWriter(partial, base.arch)
+        for field in reader.fields.values():  # the header as it is (tokenizer, chat template), but the file type
+            if field.name.startswith("GGUF.") or field.name in (gguf.Keys.General.ARCHITECTURE,
+                                                                  gguf.Keys.General.FILE_TYPE):
+                continue
+            kind = field.types[0]
+            writer.add_key_value(field.name, field.contents(), kind,
+                                 sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32 if weight_type == "f32" else
+                             gguf.LlamaFileType[f"MOSTLY_{weight_type.upper()}"])
+        for tensor in reader.tensors:  # the layout first, then the data one tensor at a time
+            if tensor.name in pairs:  # described by its bytes per row, which every type has
+                stored = gguf.quants.quant_shape_to_byte_shape((int(tensor.shape[1]), int(tensor.shape[0])), qtype)
+                writer.add_tensor_info(tensor.name, stored, np.dtype(np.uint8), int(np.prod(stored)), raw_dtype=qtype)
+            else:
+                writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes,
+                                       raw_dtype=tensor.tensor_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for tensor in reader.tensors:
+            data = merged(tensor) if tensor.name in pairs else tensor.data
+            writer.write_tensor_data(data, tensor_endianess=reader.endianess)
+        writer.close()
+    return Path(out_path)
+
+
+@contextlib.contextmanager
+def _written_in_place_of(out_path: Path):
+    """A temporary path beside ``out_path`` to write, renamed over ``out_path`` when the block ends without an
+    error (removed when it fails): a reader never sees half a file."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=out_path.name + ".", suffix=".partial", dir=out_path.parent)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(partial, 0o666 & ~umask)  # mkstemp's file is private (0600); give the mode open() would: exports are shared
+    try:
+        yield partial
         os.replace(partial, out_path)
     except BaseException:
         Path(partial).unlink(missing_ok=True)
         raise
-    return out_path
+
+
+def llama_scale(alpha: float, rank: int) -> float:
+    """The factor llama.cpp multiplies a LoRA's B·A by (src/llama-adapter.h, ``get_scale``): alpha / r, or 1
+    when the file's alpha is 0."""
+    return alpha / rank if alpha else 1.0
 
 
 def lora_tensors(peft_model, base: BaseGGUF) -> tuple[list[tuple[str, np.ndarray]], float]:
@@ -128,10 +206,9 @@ def lora_tensors(peft_model, base: BaseGGUF) -> tuple[list[tuple[str, np.ndarray
     alpha = layers[0][4] * layers[0][2].shape[0]
     tensors = []
     for _hf_name, gguf_name, a, b, scaling in layers:
-        rank = a.shape[0]
-        llama_scale = alpha / rank if alpha else 1.0
-        if not np.isclose(llama_scale, scaling, rtol=1e-6, atol=0.0):
-            b = b * np.float32(scaling / llama_scale)
+        applied = llama_scale(alpha, a.shape[0])
+        if not np.isclose(applied, scaling, rtol=1e-6, atol=0.0):
+            b = b * np.float32(scaling / applied)
         if PERMUTES_QK[base.arch] and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = base.head_count if gguf_name.endswith("attn_q.weight") else base.head_count_kv
             b = permute_rows(b, heads)

@@ -192,6 +192,23 @@ def with_adapter(model, adapter: str | Path):
     return model.eval()
 
 
+def load_adapted(model_dir: str, adapter: str | Path):
+    """(model, tokenizer): ``model_dir`` in its checkpoint's own precision, never 4-bit, carrying the LoRA saved in
+    ``adapter`` (``with_adapter``); what ``seal-lite export`` merges or converts. Its generation config is the
+    checkpoint's own, which a served model should keep. A QLoRA run's LoRA thus lands on the full-precision base,
+    as QLoRA merges do: the policy trained on NF4 weights, so the result differs from it by NF4's rounding."""
+    model, tokenizer = _load_transformers(model_dir, "auto", quantized=False)
+    return with_adapter(model, adapter), tokenizer
+
+
+def save_merged(model, tokenizer, out_dir: str | Path) -> None:
+    """Fold ``model``'s LoRA into its base weights (peft's ``merge_and_unload``: W + scaling·B·A) and save the plain
+    transformers model, with its tokenizer, into ``out_dir``. ``model`` is spent: its layers now hold the merge."""
+    merged = model.merge_and_unload()
+    merged.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
 def sampling_free(generation_config):
     """The checkpoint's generation config without its sampling defaults: only token ids and lengths stay.
 

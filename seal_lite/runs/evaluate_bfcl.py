@@ -168,7 +168,7 @@ def trained_adapters(store: Store, run_dir: Path, steps: tuple[int, ...]) -> lis
     """(step, adapter directory) for the requested steps' checkpoints, or the run's newest adapter."""
     checkpoints = {row["step"]: run_dir / row["path"] for row in store.checkpoints()}
     if not checkpoints:
-        raise RunError(f"{run_dir} has no trained adapter yet; evaluate after its first step")
+        raise RunError(f"{run_dir} has no trained adapter yet: a run saves one when its first step ends")
     if not steps:
         last = max(checkpoints)
         return [(last, run_dir / "adapter" if (run_dir / "adapter").is_dir() else checkpoints[last])]
