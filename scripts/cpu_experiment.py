@@ -189,6 +189,20 @@ def seed_difference(a: list[dict[str, float]], b: list[dict[str, float]]) -> dic
             "floor": all(value == 0 for run in b for value in run.values())}
 
 
+def paired_seed_difference(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict:
+    """Arm a's held-out score minus arm b's when a[i] and b[i] share seed i (the same tasks in the same order, the
+    same sampling streams): the mean of the seeds' differences, its two-level bootstrap interval with the pairs
+    drawn together, the exact two-sided sign-flip test over the pairs (with the smallest p it can give: 2 / 2^pairs),
+    the standard deviation of a pair's difference and the minimum detectable effect at 80% power."""
+    differences = [statistics.fmean(x.values()) - statistics.fmean(y.values()) for x, y in zip(a, b, strict=True)]
+    p, smallest = seed_test(differences, [0.0])
+    interval = two_level_bootstrap(a, b, paired=True)
+    return {"mean": statistics.fmean(differences), "low": interval["low"], "high": interval["high"],
+            "differences": differences, "pairs": len(differences), "tasks": len(a[0]), "seed_p": p,
+            "smallest_p": smallest, "pair_sd": statistics.stdev(differences) if len(differences) > 1 else None,
+            "mde": minimum_detectable_effect(interval["se"])}
+
+
 def distinguishable(difference: dict) -> bool:
     """Told apart from chance: the two-level interval leaves out 0 and the test over seeds gives p < 0.05."""
     return (difference["low"] > 0 or difference["high"] < 0) and difference["seed_p"] < 0.05

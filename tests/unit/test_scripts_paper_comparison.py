@@ -1,0 +1,246 @@
+"""scripts/paper_comparison.py: the paper-scale comparison's cost arithmetic against hand-computed figures, its paired
+arms, the base model's settings, its refusal without a GPU, and its summary of records."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seal_lite.core.memory import NF4_BYTES, Shape
+from seal_lite.core.recipe import load_recipe
+from tests.helpers import load_script
+
+ROOT = Path(__file__).parents[2]
+TOY = Shape(layers=2, hidden=4, intermediate=8, heads=2, kv_heads=1, head_dim=2, vocab=10, tied_embeddings=True)
+
+
+def _script():
+    return load_script("paper_comparison")
+
+
+def test_the_cost_arithmetic_against_hand_computed_figures():
+    """A toy model on a card of 1 FLOP/s and 1 byte/s at full efficiency: every term of prefill, decode and update
+    worked out by hand. The toy's projections hold 2 x (4 x 2 x (2 x 2 + 2 x 1) + 3 x 4 x 8) = 288 weights, so a
+    forward over W tokens is 576 W + 16 W^2 FLOPs (attention: 2 x 2 layers x 2 heads x 2 dims)."""
+    script = _script()
+    card = script.Card("toy", 1, 1e-12, 1e-12)
+    speed = script.Speed(prefill_mfu=1, update_mfu=1, bandwidth_share=1, decode_floor_s=0, longest_message=4)
+    assert TOY.linear_params() == 288
+    assert script.forward_flops(TOY, 10) == 7360 and script.forward_flops(TOY, 15) == 12240
+    assert script.kv_bytes(TOY) == 16  # 2 layers x (k, v) x 1 head x 2 dims x 2 bytes
+    assert script.weight_bytes(TOY) == pytest.approx(288 * NF4_BYTES + 80)  # NF4 projections, 16-bit LM head
+
+    episode = script.Episode(opening=10, messages=2, model_tokens=4, env_tokens=6)
+    assert episode.rounds() == [(1.0, 10.0), (1.0, 15.0)] and episode.length() == 20
+    assert script.Episode(10, 1.5, 3, 3).rounds() == [(1.0, 10.0), (0.5, 14.0)]  # half the episodes play a 2nd round
+
+    # 3 episodes, calls of at most 2 rows: 2 calls a round, 4 decode steps each, a step reads weights + 2 rows' cache
+    cost = script.rollout_cost(TOY, card, episode, 3, rows_cap=2, budget=None, new_tokens=5, decode_steps=4,
+                               speed=speed)
+    weights = 288 * NF4_BYTES + 80
+    assert cost["prefill_tokens"] == 75 and cost["prefill"] == pytest.approx(3 * (7360 + 12240))
+    assert cost["decode"] == pytest.approx(2 * 4 * (weights + 2 * 12 * 16) + 2 * 4 * (weights + 2 * 17 * 16))
+    # a budget of 30 padded tokens: 2 rows of 10 + 5 fit, 1 row of 15 + 5, so the second round takes 3 calls
+    cut = script.rollout_cost(TOY, card, episode, 3, rows_cap=2, budget=30, new_tokens=5, decode_steps=4, speed=speed)
+    assert cut["decode"] == pytest.approx(2 * 4 * (weights + 2 * 12 * 16) + 3 * 4 * (weights + 17 * 16))
+    floored = script.rollout_cost(TOY, card, episode, 3, 2, None, 5, 4, script.Speed(decode_floor_s=1e9))
+    assert floored["decode"] == 4 * 4 * 1e9  # 4 calls x 4 steps, each at the floor
+
+    # the update: 3 trajectories of 20 tokens, 4 passes, the LM head over the 10 completion tokens in 3 of them
+    update = script.update_cost(TOY, card, episode, 3, context=100, passes=4, speed=speed)
+    assert update["trained_tokens"] == 60
+    assert update["update"] == pytest.approx(3 * (4 * (576 * 20 + 16 * 400) + 2 * 10 * 4 * 10 * 3))
+    assert script.update_cost(TOY, card, episode, 1, context=12, passes=4, speed=speed)["trained_tokens"] == 12
+    # without checkpointing: 3 passes (reference, forward, backward), the LM head in each
+    plain = script.update_cost(TOY, card, episode, 3, context=100, passes=3, speed=speed, recompute=False)
+    assert plain["update"] == pytest.approx(3 * (3 * (576 * 20 + 16 * 400) + 2 * 10 * 4 * 10 * 3))
+
+
+def test_the_plan_for_the_paper_recipe():
+    """The paper recipe's figures: 72 steps of 32 tasks x 8, 4 passes a trained token (reference, forward,
+    recompute, backward), each card's generate budget as docs/gpu.md's table gives it, the episodes, and the total
+    of 2 arms x N seeds runs plus 2N + 1 evaluations."""
+    script = _script()
+    recipe = load_recipe(ROOT / script.ARMS["seal"])
+    assert script.update_passes(recipe) == 4
+    assert script.update_passes(recipe.model_copy(update={"grpo": recipe.grpo.model_copy(update={"beta": 0.0})})) == 3
+    from seal_lite.core.memory import KNOWN_SHAPES
+
+    shape = KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"]
+    budgets = {card.memory_gb: script.card_budget(recipe, shape, card) for card in script.CARDS}
+    assert budgets == {80: 327_680, 48: 180_224, 24: 65_536, 15: 32_768}  # docs/gpu.md, the smaller engine's
+    assert recipe.rollout.generation_token_budget == budgets[80]
+
+    bound = script.budget_episode(recipe.rollout, 4946)
+    assert (bound.messages, bound.model_tokens, bound.env_tokens, bound.length()) == (20, 4096, 7342, 16384)
+    expected = script.ground_truth_episode(script.MEASURED_EPISODES["train"])
+    assert expected.messages == pytest.approx(5.71 + 4.16)
+    assert expected.model_tokens == pytest.approx(226.6 + 40 * 4.16)
+    assert expected.env_tokens == pytest.approx(191.6 + 2843.6)
+
+    design = script.plan(3, [])
+    a100 = design["cards"][0]
+    assert a100["card"].name == "A100 80GB" and a100["rows"] == 20
+    for case in a100["cases"].values():
+        run, evaluated = case["run"], case["evaluation"]
+        assert run["steps"] == 72 and run["trajectories"] == 72 * 32 * 8
+        assert case["total"] == pytest.approx(6 * run["hours"] + 7 * evaluated["hours"])
+        assert run["hours"] == pytest.approx((run["prefill"] + run["decode"] + run["update"]) / 3600)
+    assert a100["cases"]["whole budget"]["total"] > a100["cases"]["like the ground truth"]["total"]
+    h100 = design["cards"][1]["cases"]["like the ground truth"]["run"]
+    assert h100["prefill"] == pytest.approx(a100["cases"]["like the ground truth"]["run"]["prefill"] * 312 / 989)
+
+    assert script.task_part(400) == pytest.approx(100 * math.sqrt(0.355 * 0.645 / 400))
+    for row in design["power"]:
+        assert row["pair_sd"] == pytest.approx(row["seed_sd"] * math.sqrt(2 * (1 - row["correlation"])))
+        assert row["power"] is None  # 3 pairs: no exact test reaches 0.05
+        assert row["half_width"] == pytest.approx(1.96 * row["pair_sd"] / math.sqrt(3))
+    detectable = [row["detectable"] for row in design["power"]]
+    assert all(row[6] >= row[8] >= row[10] for row in detectable)  # more pairs, smaller effects
+
+
+def test_the_plan_prints_cost_and_power_and_says_what_three_seeds_cannot_do(capsys):
+    script = _script()
+    script.print_plan(script.plan(3, []))
+    text = capsys.readouterr().out
+    assert "ESTIMATED GPU hours" in text and "assumptions" in text and "| A100 80GB (80 GB) | 327,680 (20) |" in text
+    assert "2/8 = 0.25, so it can never reach 0.05" in text and "6 pairs is the fewest" in text
+    assert "+9.5" in text and "72 steps x 32 tasks x G = 8 = 18,432 episodes" in text
+
+
+def test_the_measured_episodes_count_the_datas_calls_and_turns():
+    """The tokenizer-free half of MEASURED_EPISODES (``--episodes`` measures the tokens) is the BFCL data's."""
+    from seal_lite.envs.bfcl import load_tasks, split_ids
+
+    script = _script()
+    for split in ("train", "eval"):
+        tasks = load_tasks(split_ids(split))
+        assert len(tasks) == 400
+        calls = sum(len(calls) for task in tasks for calls in task.ground_truth) / len(tasks)
+        assert script.MEASURED_EPISODES[split]["calls"] == pytest.approx(calls, abs=0.01)
+        assert script.MEASURED_EPISODES[split]["turns"] == pytest.approx(sum(len(t.turns) for t in tasks) / 400,
+                                                                         abs=0.01)
+
+
+@pytest.mark.parametrize("overrides", [[], ["rollout.temperature=0.7"], "smoke"])
+def test_both_arms_share_each_seed_and_differ_exactly_in_the_ablations_fields(overrides):
+    from seal_lite.api import parse_overrides
+    from seal_lite.runs.run_dir import recipe_differences
+
+    script = _script()
+    overrides = script.SMOKE if overrides == "smoke" else overrides
+    for seed in (0, 4):
+        seal, vanilla = (load_recipe(ROOT / script.ARMS[arm], parse_overrides(tuple(script.arm_settings(seed, overrides))))
+                         for arm in ("seal", "vanilla"))
+        assert seal.seed == vanilla.seed == seed
+        assert sorted(recipe_differences(seal.model_dump(), vanilla.model_dump())) == [
+            "grpo.closed_loop", "grpo.diagnosis_weighting", "interface.schema_cues", "name"]
+        assert seal.interface.schema_cues and seal.grpo.diagnosis_weighting and seal.grpo.closed_loop
+
+
+def test_the_base_model_is_evaluated_with_the_recipes_policy_and_rollout():
+    from seal_lite.api import parse_overrides
+
+    script = _script()
+    paper = load_recipe(ROOT / script.ARMS["vanilla"])
+    settings = script.base_settings([])
+    assert not any(setting.startswith("policy.model=") for setting in settings)
+    base = load_recipe(None, parse_overrides((*settings, f"policy.model={paper.policy.model}")))
+    assert base.policy == paper.policy and base.rollout == paper.rollout
+
+
+def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    script = _script()
+    monkeypatch.setattr(script, "cuda_device", lambda: None)
+    monkeypatch.setattr(script, "seal_lite", lambda *args: pytest.fail(f"ran seal-lite {args}"))
+    with pytest.raises(SystemExit, match="torch sees no CUDA GPU.*--plan.*--cpu-smoke"):
+        script.main(["--out", str(tmp_path / "out"), "--records", str(tmp_path / "records")])
+    assert not (tmp_path / "out").exists() and not (tmp_path / "records").exists()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "paper_comparison.py"), "--out",
+                           str(tmp_path / "out"), "--records", str(tmp_path / "records")],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "torch sees no CUDA GPU on this machine" in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_background_starts_the_same_command_detached_after_the_gpu_check(tmp_path, monkeypatch):
+    script = _script()
+    started = []
+
+    class Child:
+        pid = 4242
+
+        def __init__(self, command, **options):
+            started.append((command, options))
+
+    monkeypatch.setattr(script.subprocess, "Popen", Child)
+    monkeypatch.setattr(script, "cuda_device", lambda: None)
+    with pytest.raises(SystemExit):  # refused before anything starts
+        script.main(["--background", "--out", str(tmp_path)])
+    assert not started
+    script.main(["--background", "--cpu-smoke", "--seeds", "1", "--out", str(tmp_path)])
+    [(command, options)] = started
+    assert command[1:] == [str(ROOT / "scripts" / "paper_comparison.py"), "--cpu-smoke", "--seeds", "1", "--out",
+                           str(tmp_path)]
+    assert options["start_new_session"] and (tmp_path / "paper-comparison.log").exists()
+
+
+def _record(scores: dict[str, float], **extra) -> dict:
+    return {"training": {"rewards": [0.1, 0.2, 0.3, 0.4], "minutes": 60.0}, "gpu": "H100",
+            "held_out": {task: {"accuracy": value, "turn_pass_rate": value} for task, value in scores.items()},
+            **extra}
+
+
+def test_the_summary_pairs_seeds_and_says_when_it_is_interim(tmp_path, capsys):
+    """Seeds 0-2 of vanilla and SEAL: SEAL solves one more of the 4 tasks in seeds 0 and 1 and one fewer in seed 2;
+    the third pair is added only once both its runs are evaluated."""
+    script = _script()
+    records = script.Records(tmp_path)
+    tasks = ["multi_turn_base_1", "multi_turn_miss_func_1", "multi_turn_miss_param_1", "multi_turn_long_context_1"]
+    solved = {"vanilla": (1, 2, 2), "seal": (2, 3, 1)}
+    for arm, counts in solved.items():
+        for seed, count in enumerate(counts):
+            records.put(f"{arm}-seed{seed}", _record({task: float(i < count) for i, task in enumerate(tasks)}))
+    records.put("base", {"held_out": {task: {"accuracy": 0.0, "turn_pass_rate": 0.0} for task in tasks}})
+    unevaluated = records.get("seal-seed2")
+    del unevaluated["held_out"]
+    records.put("seal-seed2", unevaluated)
+
+    summary = script.summarize(records, [0, 1, 2])
+    result = summary["seal_minus_vanilla"]
+    assert result["seeds"] == [0, 1] and result["interim"]
+    assert result["differences"] == [0.25, 0.25] and result["seed_p"] == 0.5 and result["smallest_p"] == 0.5
+    assert summary["runs"]["seal-seed2"]["held_out"] is None
+    assert summary["arms"]["vanilla"]["seeds"] == 3 and summary["arms"]["seal"]["seeds"] == 2
+    assert summary["arms"]["vanilla"]["mean"] == pytest.approx(5 / 12)  # 5 of 12 (task, seed) pairs, 1 per category
+    assert summary["arms"]["base"]["mean"] == 0.0
+
+    records.put("seal-seed2", _record({task: float(i < 1) for i, task in enumerate(tasks)}))
+    result = script.summarize(records, [0, 1, 2])["seal_minus_vanilla"]
+    assert not result["interim"] and result["differences"] == [0.25, 0.25, -0.25]
+    assert result["mean"] == pytest.approx(1 / 12) and result["smallest_p"] == 0.25
+    script.print_summary(script.summarize(records, [0, 1, 2]))
+    text = capsys.readouterr().out
+    assert "SEAL - vanilla, seeds 0, 1, 2: per seed +25.0, +25.0, -25.0" in text
+    assert "no exact test over these seeds reaches p < 0.05" in text and "| seal | 3 |" in text
+
+
+def test_committed_records_commit_each_record_and_only_it(tmp_path, monkeypatch):
+    for variable in ("GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME"):
+        monkeypatch.setenv(variable, "test")
+    for variable in ("GIT_AUTHOR_EMAIL", "GIT_COMMITTER_EMAIL"):
+        monkeypatch.setenv(variable, "test@example.com")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "other.txt").write_text("staged, not ours\n")
+    subprocess.run(["git", "add", "other.txt"], cwd=tmp_path, check=True)
+    script = _script()
+    script.CommittedRecords(tmp_path / "records").put("vanilla-seed0", {"seed": 0})
+    log = subprocess.run(["git", "log", "--name-only", "--format=%s"], cwd=tmp_path, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert log == ["paper", "comparison:", "vanilla-seed0", "recorded", "records/vanilla-seed0.json"]
+    assert json.loads((tmp_path / "records" / "vanilla-seed0.json").read_text()) == {"seed": 0}
