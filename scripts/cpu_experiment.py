@@ -43,6 +43,7 @@ import json
 import os
 import platform
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -211,8 +212,15 @@ def distinguishable(difference: dict) -> bool:
 # ---- the steps ---------------------------------------------------------------------------------------------------
 
 def seal_lite(*args: str) -> None:
+    """Run one seal-lite command and wait for it. Stopping the experiment (``kill``/``pkill`` of this script)
+    stops the command too: left running, it would go on writing into a store the next start resumes."""
     print("$ seal-lite " + " ".join(args), flush=True)
-    subprocess.run([sys.executable, "-m", "seal_lite", *args], check=True, cwd=ROOT)
+    signal.signal(signal.SIGTERM, _stop)
+    subprocess.run([sys.executable, "-m", "seal_lite", *args], check=True, cwd=ROOT)  # kills it on an exception
+
+
+def _stop(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def sets(overrides: list[str]) -> list[str]:

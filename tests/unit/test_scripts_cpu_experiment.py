@@ -197,3 +197,45 @@ def test_the_rise_script_records_a_runs_steps_and_its_trend_and_tabulates_record
                            str(records)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"   3      5      2.5     0.25    0.88  {trend.tau:+.2f}  {trend.p_rise:.2g}" in done.stdout
+
+
+def test_stopping_an_experiment_stops_the_seal_lite_command_it_waits_on(tmp_path):
+    """kill of the script must not leave its seal-lite command writing into the store the next start resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import ROOT
+
+    fake = tmp_path / "seal_lite"  # ``python -m seal_lite`` in ROOT = tmp_path finds this one first
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text("import os, pathlib, time\n"
+                                      "pathlib.Path('child.pid').write_text(str(os.getpid()))\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+                               "from pathlib import Path\nfrom tests.helpers import load_script\n"
+                               f"script = load_script('cpu_experiment'); script.ROOT = Path({str(tmp_path)!r})\n"
+                               "script.seal_lite('run')\n"], stdout=subprocess.DEVNULL)
+    pid_file = tmp_path / "child.pid"
+    for _ in range(300):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as stat:  # a killed child of a dead parent may linger as a zombie
+            if stat.read().split(")")[-1].split()[0] == "Z":
+                break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the seal-lite command outlived the stopped experiment")
