@@ -89,10 +89,14 @@ def test_trackio_local_database_holds_each_step_as_the_store_does(tmp_path, reci
 
 
 def test_the_gguf_conversion_bars_go_to_the_log(tmp_path, monkeypatch, capfd):
+    from transformers.utils import logging as transformers_logging
+
     from seal_lite.engines.model_sources import resolve_model
     from seal_lite.runs.run_log import library_output
 
     monkeypatch.setenv("SEAL_LITE_CACHE", str(tmp_path / "cache"))  # a newcomer's first run converts the GGUF
+    # as in a first run, before any policy is loaded (load_policy turns transformers' bars off for the run)
+    monkeypatch.setattr(transformers_logging, "_tqdm_active", True)
     with library_output(tmp_path / "run.log"):
         resolve_model("smollm2-135m")
     terminal = "".join(capfd.readouterr())

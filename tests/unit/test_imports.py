@@ -6,6 +6,7 @@ make --help fast) and those under TYPE_CHECKING: a circle that only type checker
 untangle.
 """
 
+import logging
 from pathlib import Path
 
 from importlinter.cli import lint_imports
@@ -14,8 +15,16 @@ PYPROJECT = Path(__file__).parents[2] / "pyproject.toml"
 
 
 def lint_exit_code(config: Path) -> int:
-    """0 when every contract is kept, 1 when any is broken."""
-    return lint_imports(config_filename=str(config), no_cache=True, no_logo=True)
+    """0 when every contract is kept, 1 when any is broken. import-linter configures logging with dictConfig,
+    which disables every logger that exists; they are enabled again, or the later tests of this process would
+    never see seal-lite's own warnings (seal_lite.tracking)."""
+    loggers = [logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)]
+    disabled = [logger.disabled for logger in loggers]
+    try:
+        return lint_imports(config_filename=str(config), no_cache=True, no_logo=True)
+    finally:
+        for logger, was in zip(loggers, disabled, strict=True):
+            logger.disabled = was
 
 
 def test_seal_lite_keeps_its_layer_contracts():
