@@ -67,7 +67,7 @@ class _Row:
     budget: int  # the most tokens its message may have
     rng: object
     entry: _Entry | None = None
-    feed: list[int] = field(default_factory=list)  # tokens to decode next: the last of ``ids``, then each sampled
+    feed: list[int] = field(default_factory=list)  # tokens still to read; the last one gives the next sample
     new: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 

@@ -245,7 +245,7 @@ class _Lockstep:
         return out
 
 
-def _continuous_setup(cache_tokens=None):
+def _continuous_setup():
     from seal_lite.core.recipe import load_recipe
 
     rollout = load_recipe(None, {"rollout.max_turns": 2, "rollout.max_new_tokens": 48}).rollout
