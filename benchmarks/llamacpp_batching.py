@@ -45,6 +45,9 @@ from seal_lite.step.rollout import by_shared_prefix, rollout_group, rollout_grou
 from seal_lite.step.screen import screen_tasks
 from seal_lite.step.verifier import diagnose_episode
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # Rounds is test scaffolding: tests/support
+from tests.support.rounds import Rounds
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -58,24 +61,6 @@ def baseline_engine(commit: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.LlamaCppGenerator
-
-
-class Rounds:
-    """The shipped engine played in rounds, as before continuous batching: every message of a round waits for the
-    round's longest (the driver sees no ``generate_continuously``)."""
-
-    def __init__(self, engine: LlamaCppGenerator):
-        self.engine, self.tokenizer = engine, engine.tokenizer
-
-    def generate(self, *args):
-        out = self.engine.generate(*args)
-        self.sampled_logprobs = self.engine.sampled_logprobs
-        return out
-
-    def __getattr__(self, name):  # reseed, load_adapter, close
-        if name == "generate_continuously":
-            raise AttributeError(name)
-        return getattr(self.engine, name)
 
 
 def timed(play, phases: dict | None = None):

@@ -13,6 +13,7 @@ from seal_lite.engines.llamacpp import LlamaCppGenerator, _prefix_length
 from seal_lite.engines.model_sources import gguf_path
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.step.rollout import TokenConversation, opening_messages
+from tests.support.rounds import Rounds
 
 SMOL = str(gguf_path("smollm2-135m"))
 NEAR_TIE = 0.5  # logits: llama.cpp's sums depend on how tokens were batched; a choice closer than this may flip
@@ -233,18 +234,6 @@ def test_every_llama_cpp_reads_prompts_with_the_threads_it_was_given(smol_tokeni
     assert argv[argv.index("--n_threads_batch") + 1] == "1"
 
 
-class _Lockstep:
-    """The same engine played in rounds: every message of a round waits for the round's longest."""
-
-    def __init__(self, engine):
-        self.engine, self.tokenizer = engine, engine.tokenizer
-
-    def generate(self, *args):
-        out = self.engine.generate(*args)
-        self.sampled_logprobs = self.engine.sampled_logprobs
-        return out
-
-
 def _continuous_setup():
     from seal_lite.core.recipe import load_recipe
 
@@ -309,7 +298,7 @@ def test_continuous_play_matches_lockstep_rounds_and_goes_on_after_the_cache_fil
                                       cache_tokens=cache_tokens)
         generator.cache_tokens = cache_tokens or generator.cache_tokens  # below the usual floor of n_ctx + 512
         try:
-            engine = _Lockstep(generator) if name == "rounds" else generator
+            engine = Rounds(generator) if name == "rounds" else generator
             played[name] = [t for group in rollout_groups(pairs, 1, engine, greedy) for t in group]
             played[name + " calls"] = generator.calls
         finally:
