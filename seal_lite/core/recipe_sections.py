@@ -135,11 +135,18 @@ class RolloutConfig(Section):
         4096, ge=256, description="Stop the episode before the context exceeds this (paper: 16384; the official tool "
         "block alone is 3-5k tokens).",
     )
-    backend: Literal["auto", "transformers", "llamacpp"] = Field(
+    backend: Literal["auto", "transformers", "llamacpp", "vllm"] = Field(
         "auto",
-        description="Who generates rollouts: transformers (the trained model itself) or llamacpp (the policy's "
+        description="Who generates rollouts: transformers (the trained model itself), llamacpp (the policy's "
         "GGUF plus its current LoRA, exported after every update; faster on a CPU, needs a registry model or "
-        ".gguf). auto: llamacpp without a GPU when the model is a GGUF, else transformers.",
+        ".gguf) or vllm (vLLM in the training process, continuous batching and prefix caching, the LoRA handed "
+        "over after every update; pip install -e '.[vllm]'). auto: vllm on an Ampere or newer GPU where it is "
+        "installed, else transformers on a GPU; without one, llamacpp when the model is a GGUF, else transformers.",
+    )
+    vllm_memory: float = Field(
+        0.3, gt=0.0, lt=1.0, description="vllm on a GPU: the share of the card's memory the engine takes when it "
+        "starts (its copy of the weights, 4-bit when the policy is, and its KV cache); the trainer has the rest, and "
+        "the engine sleeps during each update.",
     )
     generation_batch_size: int | None = Field(
         None, ge=1, description="Most sequences in one generate call (None: a whole step's tasks x G; evaluation "
@@ -152,13 +159,15 @@ class RolloutConfig(Section):
         "the memory model (seal_lite/core/memory.py, docs/gpu.md), so a call fits the card; at least max_context_tokens.",
     )
     cache_tokens: int | None = Field(
-        None, ge=1024, description="llamacpp only: cells of the KV cache all sequences of a call share, each "
-        "shared prefix held once (None: 4 x max_context_tokens, or 4 x 16384 for evaluation; memory is this x the "
-        "model's KV bytes per token, allocated up front). Sequences that do not fit together are played in waves.",
+        None, ge=1024, description="llamacpp and vllm: tokens of the KV cache all sequences share, each shared "
+        "prefix held once (None: 4 x max_context_tokens, or 4 x 16384 for llama.cpp's evaluation; on a GPU vLLM "
+        "fills its vllm_memory share instead; memory is this x the model's KV bytes per token, allocated up "
+        "front). Sequences that do not fit together wait for room.",
     )
     max_logprob_gap: float = Field(
-        1.0, gt=0.0, description="llamacpp only: a generated token whose log-probability under llama.cpp and under "
-        "the trained model differ by more than this carries no loss (the two engines disagree on it).",
+        1.0, gt=0.0, description="llamacpp and vllm: a generated token whose log-probability under the rollout "
+        "engine and under the trained model differ by more than this carries no loss (the two engines disagree on "
+        "it).",
     )
 
     @model_validator(mode="after")

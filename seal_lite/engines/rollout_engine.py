@@ -2,7 +2,8 @@
 
 transformers generates with the very model TRL trains (seal_lite/engines/transformers_generate.py); llama.cpp
 serves the policy's GGUF plus a LoRA GGUF exported from the trained adapter (seal_lite/engines/llamacpp.py,
-seal_lite/engines/gguf_lora.py). Training, evaluation and τ²-bench all get their engine here.
+seal_lite/engines/gguf_lora.py); vLLM serves the base model plus the trained adapter as saved by peft
+(seal_lite/engines/vllm_rollouts.py). Training, evaluation and τ²-bench all get their engine here.
 """
 
 from __future__ import annotations
@@ -14,17 +15,37 @@ from seal_lite.core.recipe import Recipe
 from seal_lite.engines import distributed
 from seal_lite.engines.model_sources import resolve_gguf
 
+VLLM_MIN_CAPABILITY = (8, 0)  # Ampere: vLLM 0.32's attention backends (FlashAttention, FlashInfer) start there
+
 
 def rollout_backend(recipe: Recipe) -> str:
-    """``rollout.backend`` with auto resolved: llama.cpp on a CPU when the policy comes from a GGUF."""
+    """``rollout.backend`` with auto resolved (``rollout_choice``)."""
+    return rollout_choice(recipe)[0]
+
+
+def rollout_choice(recipe: Recipe) -> tuple[str, str]:
+    """(backend, why) for ``rollout.backend``. auto: vLLM on an Ampere or newer GPU where it is installed, else
+    transformers generate on a GPU (a T4, or no vLLM: the why says so); without a GPU, llama.cpp when the policy
+    comes from a GGUF, else transformers."""
     if recipe.rollout.backend != "auto":
-        return recipe.rollout.backend
+        return recipe.rollout.backend, "rollout.backend"
     import torch
 
     from seal_lite.engines.model_sources import REGISTRY
 
-    is_gguf = recipe.policy.model in REGISTRY or recipe.policy.model.endswith(".gguf")
-    return "llamacpp" if is_gguf and not torch.cuda.is_available() else "transformers"
+    if not torch.cuda.is_available():
+        if recipe.policy.model in REGISTRY or recipe.policy.model.endswith(".gguf"):
+            return "llamacpp", "no GPU, and the policy is a GGUF"
+        return "transformers", "no GPU, and the policy is no GGUF"
+    from seal_lite.engines.vllm_rollouts import vllm_missing
+
+    capability = torch.cuda.get_device_capability()
+    if capability < VLLM_MIN_CAPABILITY:
+        return "transformers", (f"{torch.cuda.get_device_name()} (compute capability {capability[0]}.{capability[1]}) "
+                                "is older than vLLM's Ampere (8.0): token-budgeted generate")
+    if (missing := vllm_missing()) is not None:
+        return "transformers", f"{missing}; until then, token-budgeted generate"
+    return "vllm", f"{torch.cuda.get_device_name()} with vLLM"
 
 
 @contextlib.contextmanager
@@ -33,12 +54,17 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
 
     transformers generates with the LoRA-wrapped model TRL trains, so it is always current; ``mode`` is the
     policy's generation_mode (None: eval mode). llama.cpp serves the policy's GGUF plus a LoRA GGUF exported from
-    the trained adapter before every step.
+    the trained adapter before every step; vLLM the base model plus the adapter as peft saves it.
     """
-    if rollout_backend(recipe) == "transformers":
+    backend = rollout_backend(recipe)
+    if backend == "transformers":
         from seal_lite.engines.transformers_generate import TransformersGenerator
 
         yield TransformersGenerator(model, tokenizer, mode), lambda step: None
+        return
+    if backend == "vllm":
+        with _vllm_engine(recipe, model, tokenizer, out_dir) as engine:
+            yield engine
         return
     from seal_lite.engines.gguf_lora import export_lora_gguf
     from seal_lite.engines.llamacpp import LlamaCppGenerator
@@ -55,6 +81,33 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
     def sync(step: int) -> None:
         generator.load_adapter(str(export_lora_gguf(model, Path(base), lora)))
         generator.reseed(recipe.seed, step)  # a resumed run samples step N exactly as the first attempt did
+
+    try:
+        yield generator, sync
+    finally:
+        generator.close()
+
+
+@contextlib.contextmanager
+def _vllm_engine(recipe: Recipe, model, tokenizer, out_dir: Path):
+    import torch
+
+    from seal_lite.engines.model_sources import resolve_model
+    from seal_lite.engines.policy import pick_dtype
+    from seal_lite.engines.vllm_rollouts import VllmGenerator
+
+    dtype, _ = pick_dtype(recipe.policy.dtype, torch.cuda.is_available())  # the dtype the policy trains in
+    generator = VllmGenerator(resolve_model(recipe.policy.model), tokenizer,
+                              max_model_len=recipe.rollout.max_context_tokens, seed=recipe.seed,
+                              lora_rank=recipe.policy.lora_r, dtype=str(dtype).removeprefix("torch."),
+                              quantized=bool(getattr(model, "is_loaded_in_4bit", False)),
+                              cache_tokens=recipe.rollout.cache_tokens, memory_share=recipe.rollout.vllm_memory)
+    adapter = out_dir / ("rollout-lora" if distributed.world_size() == 1 else f"rollout-lora-{distributed.rank()}")
+
+    def sync(step: int) -> None:
+        model.save_pretrained(str(adapter))  # peft writes the adapter alone: adapter_config.json and its weights
+        generator.load_adapter(str(adapter))
+        generator.reseed(recipe.seed, step)
 
     try:
         yield generator, sync

@@ -277,6 +277,11 @@ def recipe_problems(recipe) -> list[Problem]:
     if backend == "llamacpp" and not _installed("llama_cpp"):
         problems.append(("rollout.backend", backend, "llama-cpp-python is not installed; "
                          "pip install 'llama-cpp-python[server]', or use transformers"))
+    if backend == "vllm":
+        from seal_lite.engines.vllm_rollouts import vllm_missing
+
+        if (missing := vllm_missing()) is not None:
+            problems.append(("rollout.backend", backend, f"{missing}; or use auto"))
     return problems
 
 

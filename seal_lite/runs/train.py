@@ -26,7 +26,7 @@ from seal_lite.core.recipe import Recipe, RecipeError
 from seal_lite.core.types import NoProgress, Progress
 from seal_lite.engines import distributed
 from seal_lite.engines.model_sources import resolve_gguf
-from seal_lite.engines.rollout_engine import rollout_backend, rollout_engine
+from seal_lite.engines.rollout_engine import rollout_choice, rollout_engine
 from seal_lite.engines.store import Store
 from seal_lite.engines.tracking import Tracker, open_tracker
 from seal_lite.runs.run_dir import open_run, prune_checkpoints, resume_point, run_directory
@@ -159,7 +159,8 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
                 seal_step = SealStep(recipe, store, tasks, generator, progress, diagnoser, task_ids, sync_policy=sync)
                 if checkpoint:
                     seal_step.restore(checkpoint["seal_state"])
-                progress.run_started(seal_step.step, f"policy {policy.backend}, rollouts {rollout_backend(recipe)}"
+                engine, why = rollout_choice(recipe)
+                progress.run_started(seal_step.step, f"policy {policy.backend}, rollouts {engine} ({why})"
                                      + (f", {distributed.world_size()} processes" if distributed.world_size() > 1
                                         else "") + (f"; metrics also to {tracker.where}" if tracker.where else ""))
                 # 9. the policy updates, one per SEAL step (TRL calls seal_step for the rollouts of each)

