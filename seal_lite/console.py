@@ -356,6 +356,8 @@ def doctor_text(report: dict, *, ascii: bool = False) -> str:
     if chosen:
         item(yes, "training backend", f"{chosen['backend']} ({chosen['reason']})")
         item(yes, "training dtype", f"{chosen['dtype']} ({chosen['dtype_reason']})")
+    if rollouts := report["backends"].get("rollout_backend"):
+        item(yes, "rollout engine", f"{rollouts['backend']} ({rollouts['reason']})")
 
     lines += ["", "Models (pip-shipped GGUF)"]
     for row in report["models"]:

