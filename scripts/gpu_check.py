@@ -18,6 +18,9 @@ The checks, each against what can break on a GPU (docs/gpu.md):
   memory        one generate call per recipe chunk at the recipes' budgets, rows of mixed lengths, on
                 layer-truncated models of the real widths (Qwen2.5-3B and 7B), peak against seal_lite/core/memory.py
   timing        one sample: 4 rows x 2k-token prompts, 64 new tokens; seconds and ms per decode step
+  vllm          rollout.backend vllm against transformers generate: 8 rows sharing a 4k-token prompt (a task's G
+                episodes), 128 new tokens each; seconds and tokens/s of both, and the memory vLLM takes (skipped
+                where vLLM is not installed; 4-bit in vLLM where the policy is)
 
 Models are random-init of the real shapes with a locally built tokenizer (benchmarks/gpu_memory.py): the GPU machine
 reaches no hub. ``--tiny`` runs every check on 2-layer models of small widths, on the CPU where there is no GPU
@@ -48,7 +51,9 @@ from seal_lite.core import memory  # noqa: E402
 
 TASKS = ["multi_turn_base_0", "multi_turn_base_1"]
 # seconds each check may take on a GPU (x10 with --tiny); the unsloth process runs them all, peft-4bit the first two
-LIMITS = {"steps": 100, "parity": 40, "parity_fp16": 40, "adapter": 30, "over_length": 30, "memory": 80, "timing": 20}
+LIMITS = {"steps": 100, "parity": 40, "parity_fp16": 40, "adapter": 30, "over_length": 30, "memory": 80, "timing": 20,
+          "vllm": 90}
+VLLM_TINY = memory.Shape(2, 128, 256, 2, 1, 64, 8192, True)
 TINY_MEMORY = {"tiny-a": memory.Shape(2, 256, 1024, 4, 2, 64, 8192, True),
                "tiny-b": memory.Shape(2, 192, 512, 3, 1, 64, 8192, True)}
 
@@ -299,6 +304,54 @@ class Checks:
         return {"ok": True, "rows": rows, "prompt": prompt, "new_tokens": new, "prefill_s": round(seconds["prefill"], 3),
                 "decode_ms_per_step": round(decode_ms, 2),
                 "prefill_tokens_per_s": round(rows * prompt / seconds["prefill"])}
+
+    def vllm(self) -> dict:
+        import torch
+
+        from seal_lite.engines.vllm_rollouts import VllmGenerator, vllm_missing
+
+        if (missing := vllm_missing()) is not None:
+            return {"ok": None, "skipped": missing}
+        from seal_lite.engines.policy import load_policy
+        from seal_lite.engines.transformers_generate import TransformersGenerator
+
+        cuda = torch.cuda.is_available()
+        # vLLM's CPU attention takes head sizes of 32 and up: --tiny has a model of its own
+        model_dir = gpu_memory.random_model_dir(VLLM_TINY, str(self.work / "vllm-model")) if self.tiny else self.model_dir
+        policy = load_policy(model_dir, check_recipe(model_dir, self.backend, self.tiny))
+        rows, prompt, new = (4, 256, 16) if self.tiny else (8, 4096, 128)
+        seed = torch.Generator().manual_seed(0)
+
+        def group_batch() -> list[list[int]]:  # a task's G episodes: one prompt, each with its own last 32 tokens
+            shared = _token_ids(seed, len(policy.tokenizer), prompt - 32)
+            return [shared + _token_ids(seed, len(policy.tokenizer), 32) for _ in range(rows)]
+
+        def timed(generate) -> tuple[float, int]:  # a fresh batch each time: no prompt read by an earlier call
+            batch = group_batch()
+            _sync(torch)
+            started = time.time()
+            messages = generate(batch, new, 1.0)
+            _sync(torch)
+            return time.time() - started, sum(len(ids) for ids in messages)
+
+        generate = TransformersGenerator(policy.model, policy.tokenizer, policy.generation_mode).generate
+        timed(generate)  # warm-up (Unsloth compiles)
+        generate_s, generate_tokens = timed(generate)
+        free = torch.cuda.mem_get_info()[0] if cuda else 0
+        engine = VllmGenerator(model_dir, policy.tokenizer, max_model_len=prompt + new + 64, lora_rank=16,
+                               dtype=str(policy.dtype).removeprefix("torch."),
+                               quantized=cuda and self.backend != "peft", memory_share=0.3)
+        taken = free - torch.cuda.mem_get_info()[0] if cuda else None
+        timed(engine.generate)  # warm-up
+        vllm_s, vllm_tokens = timed(engine.generate)
+        cached = engine.cached_tokens / engine.prompt_tokens
+        engine.close()
+        return {"ok": True, "rows": rows, "prompt": prompt, "new_tokens": new,
+                "generate_s": round(generate_s, 3), "generate_tokens_per_s": round(generate_tokens / generate_s, 1),
+                "vllm_s": round(vllm_s, 3), "vllm_tokens_per_s": round(vllm_tokens / vllm_s, 1),
+                "vllm_over_generate": round(generate_s / vllm_s * vllm_tokens / generate_tokens, 2),
+                "vllm_gb": round(taken / memory.GIB, 2) if taken is not None else None,
+                "prompt_tokens_cached": round(cached, 3)}
 
 
 def _token_ids(generator, vocab: int, n: int) -> list[int]:

@@ -2,7 +2,7 @@
 # seal-lite's GPU path in one command, for one NVIDIA GPU without network access, in at most about 6 minutes
 # with the wheels' install. Two processes, so Unsloth never patches the peft-4bit one:
 #   unsloth     steps, parity, parity_fp16, adapter, over_length, memory, timing   (at most 270 s)
-#   peft-4bit   steps, parity                                                     (at most 60 s)
+#   peft-4bit   steps, parity, vllm (skipped without vLLM)                        (at most 150 s)
 # (scripts/gpu_check.py says what each check is.)
 # Each check writes OUT/<backend>-<check>.json the moment it ends ("ok": true/false), each process its whole
 # output to OUT/<backend>.log (Unsloth prints banners on stdout); at the end the JSON lines are printed together.
@@ -37,5 +37,5 @@ if "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/
 else
   echo '{"check": "unsloth", "ok": null, "skipped": "no GPU: Unsloth needs one"}' | tee "$out/unsloth.json"
 fi
-group peft-4bit 60 steps,parity$([ ${#tiny[@]} = 1 ] && echo ",parity_fp16,adapter,over_length,memory,timing")
+group peft-4bit 150 steps,parity$([ ${#tiny[@]} = 1 ] && echo ",parity_fp16,adapter,over_length,memory,timing"),vllm
 exit $failed

@@ -108,16 +108,17 @@ def budget_episode(rollout, opening: float) -> Episode:
 
 class Card(NamedTuple):
     """A GPU of one card class of docs/gpu.md: its memory, 16-bit dense tensor TFLOP/s and memory TB/s (the
-    vendors' datasheets)."""
+    vendors' datasheets), and whether ``rollout.backend: auto`` plays rollouts with vLLM there (Ampere or newer)."""
 
     name: str
     memory_gb: int
     tflops: float
     bandwidth: float
+    vllm: bool = True
 
 
 CARDS = (Card("A100 80GB", 80, 312, 2.04), Card("H100 80GB SXM", 80, 989, 3.35), Card("L40S", 48, 362, 0.864),
-         Card("RTX 4090", 24, 165, 1.01), Card("T4", 15, 65, 0.32))
+         Card("RTX 4090", 24, 165, 1.01), Card("T4", 15, 65, 0.32, vllm=False))
 
 
 class Speed(NamedTuple):
@@ -130,6 +131,7 @@ class Speed(NamedTuple):
     # launches, Python); the one GPU timing on record (ARCHITECTURE.md: Unsloth 7B, 4 x 128 new tokens on an H200,
     # about 7.5 s a step with its update) bounds it by 0.059 s
     longest_message: int = 256  # a generate call decodes until its longest message ends (a budget episode: its cap)
+    vllm_decode_floor_s: float = 0.012  # the least one vLLM decode step takes (CUDA graphs, no Python per token)
 
 
 UPDATE_PEAK_GB = 13.7  # the update's peak, 7B at 16k on Unsloth: an estimate of benchmarks/RESULTS.md (issue 6)
@@ -173,6 +175,35 @@ def rollout_cost(shape, card: Card, episode: Episode, trajectories: int, rows_ca
             "decode": decode}
 
 
+def vllm_rollout_cost(shape, card: Card, episode: Episode, trajectories: int, group_size: int, cache_tokens: int,
+                      speed: Speed) -> dict:
+    """Seconds of prefill and decode for ``trajectories`` episodes on vLLM (seal_lite/engines/vllm_rollouts.py):
+    prefix caching reads each task's opening once for its group and then only what the environment appends (an
+    episode's own messages are in its cache already), each appended token attending to the episode's mean width;
+    continuous batching decodes as many episodes at once as the KV cache holds at their full length, and no
+    episode waits for another's message."""
+    tasks = trajectories / group_size
+    mean_width = episode.opening + (episode.model_tokens + episode.env_tokens) / 2
+    attention = 4 * shape.layers * shape.heads * shape.head_dim  # FLOPs per token and per token it attends to
+    prefill_flops = (tasks * forward_flops(shape, episode.opening)
+                     + trajectories * episode.env_tokens * (2 * shape.linear_params() + attention * mean_width))
+    rows = max(1, min(trajectories, math.floor(cache_tokens / episode.length())))
+    step = max(speed.vllm_decode_floor_s, (weight_bytes(shape) + rows * mean_width * kv_bytes(shape))
+               / (card.bandwidth * 1e12 * speed.bandwidth_share))
+    return {"prefill_tokens": tasks * episode.opening + trajectories * episode.env_tokens,
+            "prefill": prefill_flops / (card.tflops * 1e12 * speed.prefill_mfu),
+            "decode": trajectories * episode.model_tokens / rows * step, "rows": rows}
+
+
+def card_vllm(recipe, shape, card: Card) -> tuple[float, int]:
+    """(rollout.vllm_memory, KV cache tokens) on ``card``: the largest share that leaves the trainer its resident
+    memory and 10% of the card during rollouts (vLLM sleeps during the update), by the memory model."""
+    from seal_lite.core.memory import GIB, vllm_cache_tokens, vllm_share
+
+    share = vllm_share(shape, card.memory_gb * GIB, 2, True, recipe.policy.lora_r)
+    return share, vllm_cache_tokens(shape, card.memory_gb * GIB, share, 2, True, recipe.policy.lora_r)
+
+
 def update_cost(shape, card: Card, episode: Episode, trajectories: int, context: int, passes: int,
                 speed: Speed, recompute: bool = True) -> dict:
     """Seconds of the update over ``trajectories`` whole trajectories (at most ``context`` tokens): ``passes``
@@ -202,15 +233,22 @@ def card_budget(recipe, shape, card: Card) -> int:
     return min(fits, recipe.rollout.generation_token_budget or fits)
 
 
-def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_steps: int) -> dict:
-    """One training run: per step, tasks x G episodes rolled out and the update over them; all its steps."""
+def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_steps: int,
+             engine: str = "generate") -> dict:
+    """One training run: per step, tasks x G episodes rolled out (``engine``: generate or vllm) and the update over
+    them; all its steps."""
     trajectories = recipe.grpo.tasks_per_step * recipe.rollout.num_generations
     budget = card_budget(recipe, shape, card)
-    rollout = rollout_cost(shape, card, episode, trajectories, recipe.generation_batch(), budget,
-                           recipe.rollout.max_new_tokens, decode_steps, speed)
+    if engine == "vllm":
+        rollout = vllm_rollout_cost(shape, card, episode, trajectories, recipe.rollout.num_generations,
+                                    card_vllm(recipe, shape, card)[1], speed)
+    else:
+        rollout = rollout_cost(shape, card, episode, trajectories, recipe.generation_batch(), budget,
+                               recipe.rollout.max_new_tokens, decode_steps, speed)
     update = update_cost(shape, card, episode, trajectories, recipe.rollout.max_context_tokens,
                          update_passes(recipe), speed, bool(recipe.policy.gradient_checkpointing))
     step = {**rollout, **update, "generated_tokens": trajectories * episode.model_tokens}
+    step.pop("rows", None)
     steps = recipe.grpo.steps
     return {"steps": steps, "trajectories": steps * trajectories, "budget": budget,
             **{key: steps * value for key, value in step.items()},
@@ -218,10 +256,13 @@ def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_s
 
 
 def evaluation_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_steps: int,
-                    tasks: int = 400) -> dict:
+                    tasks: int = 400, engine: str = "generate") -> dict:
     """One model's greedy evaluation: ``tasks`` episodes, batched as the recipe batches them, no update."""
-    cost = rollout_cost(shape, card, episode, tasks, recipe.generation_batch(), card_budget(recipe, shape, card),
-                        recipe.rollout.max_new_tokens, decode_steps, speed)
+    if engine == "vllm":  # one episode a task; tasks share no prefix in this estimate
+        cost = vllm_rollout_cost(shape, card, episode, tasks, 1, card_vllm(recipe, shape, card)[1], speed)
+    else:
+        cost = rollout_cost(shape, card, episode, tasks, recipe.generation_batch(), card_budget(recipe, shape, card),
+                            recipe.rollout.max_new_tokens, decode_steps, speed)
     return {**cost, "hours": (cost["prefill"] + cost["decode"]) / 3600}
 
 
@@ -287,11 +328,15 @@ def plan(seeds: int, overrides: list[str], speed: Speed = Speed()) -> dict:
     for card in CARDS:
         budget = card_budget(recipe, shape, card)
         row = {"card": card, "budget": budget, "rows": budget // recipe.rollout.max_context_tokens, "cases": {}}
+        if card.vllm:
+            row["vllm_memory"], row["vllm_cache_tokens"] = card_vllm(recipe, shape, card)
         for case, (train, held_out, decode_steps) in episodes.items():
-            run = run_cost(recipe, shape, card, train, speed, decode_steps)
-            evaluated = evaluation_cost(recipe, shape, card, held_out, speed, decode_steps)
-            row["cases"][case] = {"run": run, "evaluation": evaluated,
-                                  "total": 2 * seeds * run["hours"] + (2 * seeds + 1) * evaluated["hours"]}
+            for engine in ("generate", "vllm") if card.vllm else ("generate",):
+                run = run_cost(recipe, shape, card, train, speed, decode_steps, engine)
+                evaluated = evaluation_cost(recipe, shape, card, held_out, speed, decode_steps, engine=engine)
+                key = case if engine == "generate" else f"{case}, vllm"
+                row["cases"][key] = {"run": run, "evaluation": evaluated,
+                                     "total": 2 * seeds * run["hours"] + (2 * seeds + 1) * evaluated["hours"]}
         cards.append(row)
     return {"recipe": recipe, "seeds": seeds, "episodes": {case: value[0] for case, value in episodes.items()},
             "cards": cards, "power": power_table(seeds), "speed": speed}
@@ -354,13 +399,32 @@ def print_cost(design: dict) -> None:
           f"({update_passes(recipe)} forward-sized passes a trained token) puts the update measured on 2 CPU cores "
           f"(benchmarks/RESULTS.md, issue 16) at {cpu_update_rate():.0f} GFLOP/s, well under two AVX2 cores' fp32 peak.")
     run = design["cards"][0]["cases"]["like the ground truth"]["run"]
-    print(f"Where the hours go: prefill, since each model message re-reads its episode's whole context (generate "
-          f"keeps no cache between an episode's messages): {run['prefill_tokens'] / 1e9:.2f} G tokens a run, where "
-          f"its episodes hold {run['trained_tokens'] / 1e6:.0f} M; an engine that kept each episode's cache (as the "
-          f"llama.cpp engine does on a CPU, or vLLM's prefix cache in the paper's setup) would read about "
-          f"{run['prefill_tokens'] / run['trained_tokens']:.0f}x fewer. The update reads each trajectory whole "
+    print(f"Where the hours go with generate: prefill, since each model message re-reads its episode's whole context "
+          f"(generate keeps no cache between an episode's messages): {run['prefill_tokens'] / 1e9:.2f} G tokens a run, "
+          f"where its episodes hold {run['trained_tokens'] / 1e6:.0f} M. The update reads each trajectory whole "
           "(Unsloth takes one a pass); seal-lite's shared-prefix pass on the peft backends reads each group's prompt "
           "once (4.2x less CPU time at G = 8, docs/measured.md).")
+    print("\nWith vLLM rollouts (rollout.backend auto on an Ampere or newer card with `pip install -e '.[vllm]'`): "
+          "prefix caching reads each task's opening once a group and then only what the environment appends, and "
+          "continuous batching decodes as many episodes as vLLM's KV cache holds. Its share of the card is the "
+          "largest the memory model leaves beside the trainer (vLLM sleeps during the update; not measured).")
+    print(f"| card | rollout.vllm_memory (KV tokens) | run: prefill + decode + update, h | evaluation, h "
+          f"| total, {2 * seeds} runs + {2 * seeds + 1} evaluations, h | whole-budget bound, total h |")
+    print("|---|---|---|---|---|---|")
+    for row in design["cards"]:
+        card = row["card"]
+        if not card.vllm:
+            print(f"| {card.name} ({card.memory_gb} GB) | generate only: older than Ampere | | | | |")
+            continue
+        expected, bound = row["cases"]["like the ground truth, vllm"], row["cases"]["whole budget, vllm"]
+        run = expected["run"]
+        parts = " + ".join(f"{run[key] / 3600:.1f}" for key in ("prefill", "decode", "update"))
+        print(f"| {card.name} ({card.memory_gb} GB) | {row['vllm_memory']:.2f} ({row['vllm_cache_tokens']:,}) | "
+              f"{parts} = {run['hours']:.0f} | {expected['evaluation']['hours']:.1f} | {expected['total']:,.0f} | "
+              f"{bound['total']:,.0f} |")
+    print(f"Assumed (not measured): a vLLM decode step at least {speed.vllm_decode_floor_s * 1000:.0f} ms; the rest "
+          f"as above. A run reads {design['cards'][0]['cases']['like the ground truth, vllm']['run']['prefill_tokens'] / 1e9:.2f} "
+          "G tokens by prefills.")
 
 
 def print_power(design: dict) -> None:

@@ -118,3 +118,26 @@ def rollout_token_budget(shape: Shape, card_bytes: float, max_context: int, new_
     width = max_context - new_tokens
     per_row = generate_peak(shape, 1, width, new_tokens, dtype_bytes, engine)
     return max(0, math.floor(free / per_row)) * max_context
+
+
+VLLM_ACTIVATIONS = 1.0 * GIB  # vLLM's own activations and sampler workspace inside its share (an estimate)
+
+
+def vllm_cache_tokens(shape: Shape, card_bytes: float, share: float, dtype_bytes: int, quantized: bool,
+                      lora_rank: int) -> int:
+    """Tokens of KV cache the vLLM rollout engine holds on a card of ``card_bytes`` when it takes ``share`` of it
+    (``rollout.vllm_memory``): its share less its copy of the weights (NF4 when the policy is 4-bit), its LoRA slot
+    and ``VLLM_ACTIVATIONS``. 0: its weights alone do not fit its share."""
+    weights = resident_bytes(shape, dtype_bytes, quantized, 0) + shape.lora_params(lora_rank) * dtype_bytes
+    free = card_bytes * share - weights - VLLM_ACTIVATIONS
+    per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * dtype_bytes
+    return max(0, math.floor(free / per_token))
+
+
+def vllm_share(shape: Shape, card_bytes: float, dtype_bytes: int, quantized: bool, lora_rank: int,
+               headroom: float = 0.1) -> float:
+    """The largest ``rollout.vllm_memory`` that leaves the trainer's resident memory, the CUDA context and
+    ``headroom`` of the card free during rollouts (during the update vLLM sleeps: its KV cache is freed and its
+    weights go to host memory, so the update has the card as without vLLM)."""
+    trainer = resident_bytes(shape, dtype_bytes, quantized, lora_rank) + CUDA_CONTEXT
+    return max(0.0, 1 - headroom - trainer / card_bytes)

@@ -60,6 +60,27 @@ def test_the_cost_arithmetic_against_hand_computed_figures():
     assert plain["update"] == pytest.approx(3 * (3 * (576 * 20 + 16 * 400) + 2 * 10 * 4 * 10 * 3))
 
 
+def test_the_vllm_cost_arithmetic_against_hand_computed_figures():
+    """vLLM's rollouts on the toy card: each task's opening read once for its group, then only the environment's
+    tokens, attending to the episode's mean width; decode in continuous batches of as many episodes as the cache
+    holds at their full length."""
+    script = _script()
+    card = script.Card("toy", 1, 1e-12, 1e-12)
+    speed = script.Speed(prefill_mfu=1, bandwidth_share=1, vllm_decode_floor_s=0)
+    episode = script.Episode(opening=10, messages=2, model_tokens=4, env_tokens=6)  # 20 tokens, mean width 15
+    weights = 288 * NF4_BYTES + 80
+    # 4 episodes of 2 tasks (G = 2); a cache of 45 tokens holds 2 episodes of 20
+    cost = script.vllm_rollout_cost(TOY, card, episode, 4, group_size=2, cache_tokens=45, speed=speed)
+    attention = 4 * 2 * 2 * 2  # 4 x layers x heads x head_dim
+    assert cost["prefill_tokens"] == 2 * 10 + 4 * 6
+    assert cost["prefill"] == pytest.approx(2 * 7360 + 4 * 6 * (2 * 288 + attention * 15))
+    assert cost["rows"] == 2
+    assert cost["decode"] == pytest.approx(4 * 4 / 2 * (weights + 2 * 15 * 16))  # 16 tokens, 2 a step
+    assert script.vllm_rollout_cost(TOY, card, episode, 4, 2, 10, speed)["rows"] == 1  # less than one episode: 1
+    floored = script.vllm_rollout_cost(TOY, card, episode, 4, 2, 45, script.Speed(vllm_decode_floor_s=1e9))
+    assert floored["decode"] == 8 * 1e9
+
+
 def test_the_plan_for_the_paper_recipe():
     """The paper recipe's figures: 72 steps of 32 tasks x 8, 4 passes a trained token (reference, forward,
     recompute, backward), each card's generate budget as docs/gpu.md's table gives it, the episodes, and the total
@@ -91,6 +112,16 @@ def test_the_plan_for_the_paper_recipe():
         assert case["total"] == pytest.approx(6 * run["hours"] + 7 * evaluated["hours"])
         assert run["hours"] == pytest.approx((run["prefill"] + run["decode"] + run["update"]) / 3600)
     assert a100["cases"]["whole budget"]["total"] > a100["cases"]["like the ground truth"]["total"]
+    # vLLM where auto picks it (Ampere or newer), its share the memory model's, the update the same as generate's
+    from seal_lite.core.memory import GIB, vllm_cache_tokens, vllm_share
+
+    share = vllm_share(shape, 80 * GIB, 2, True, recipe.policy.lora_r)
+    assert (a100["vllm_memory"], a100["vllm_cache_tokens"]) == (
+        share, vllm_cache_tokens(shape, 80 * GIB, share, 2, True, recipe.policy.lora_r))
+    with_vllm = a100["cases"]["like the ground truth, vllm"]["run"]
+    assert with_vllm["update"] == a100["cases"]["like the ground truth"]["run"]["update"]
+    assert with_vllm["prefill_tokens"] < a100["cases"]["like the ground truth"]["run"]["prefill_tokens"] / 10
+    assert not any("vllm" in case for case in design["cards"][-1]["cases"])  # the T4
     h100 = design["cards"][1]["cases"]["like the ground truth"]["run"]
     assert h100["prefill"] == pytest.approx(a100["cases"]["like the ground truth"]["run"]["prefill"] * 312 / 989)
 
@@ -110,6 +141,7 @@ def test_the_plan_prints_cost_and_power_and_says_what_three_seeds_cannot_do(caps
     assert "ESTIMATED GPU hours" in text and "assumptions" in text and "| A100 80GB (80 GB) | 327,680 (20) |" in text
     assert "2/8 = 0.25, so it can never reach 0.05" in text and "6 pairs is the fewest" in text
     assert "+9.5" in text and "72 steps x 32 tasks x G = 8 = 18,432 episodes" in text
+    assert "| T4 (15 GB) | generate only: older than Ampere |" in text and "| rollout.vllm_memory (KV tokens) |" in text
 
 
 def test_the_measured_episodes_count_the_datas_calls_and_turns():
