@@ -26,6 +26,7 @@ colocated mode does. What is measured where: docs/rollouts.md.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -71,6 +72,8 @@ class VllmGenerator:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
+        if not torch.cuda.is_available():  # the CPU build has no Triton, and torch says so to the terminal each time
+            logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
         self.tokenizer = tokenizer
         vocab = tokenizer.get_vocab()  # a message ends at the tokenizer's eos or ChatML's <|im_end|>, as on llama.cpp
         self.stop_ids = sorted({token for token in (tokenizer.eos_token_id, vocab.get("<|im_end|>")) if token is not None})

@@ -6,9 +6,13 @@ random model, fp32, so the engines must agree to float rounding.
 * Two real SEAL steps through TRL with an update between them: vLLM plays each step with the LoRA the trainer
   holds at that moment (the update's engine comparison finds no gap, while the previous step's adapter would have
   given a large one), and the multi-turn episodes find their earlier turns in vLLM's prefix cache.
+* ``seal-lite run --set rollout.backend=vllm``: a whole run in its own process, vLLM's log lines in RUN/run.log.
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -163,3 +167,20 @@ def test_two_seal_steps_sample_with_the_lora_the_trainer_holds(tmp_path, vllm_ti
     assert len(rows) == 2 and all(row["num_model_calls"] == 2 for row in rows)
     first_prompts = sum(len(prompt) // block * block for prompt in batches[1].prompt_ids)
     assert cached >= 2 * first_prompts  # over both steps
+
+
+def test_a_run_with_the_vllm_backend_keeps_vllms_lines_in_its_log(tmp_path, vllm_tiny_dir):
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "seal_lite", "run", "--out", str(out), "--set", f"policy.model={vllm_tiny_dir}",
+         "--set", "rollout.backend=vllm", "--set", "policy.dtype=float32", "--set", "diagnoser.mode=off",
+         "--set", "data.task_ids=[multi_turn_base_0]", "--set", "grpo.tasks_per_step=1", "--set", "grpo.steps=1",
+         "--set", "rollout.num_generations=2", "--set", "rollout.max_new_tokens=8"],
+        capture_output=True, text=True, timeout=900, check=False)
+    terminal = done.stdout + done.stderr
+    assert done.returncode == 0, terminal[-3000:]
+    assert "rollouts vllm (rollout.backend)" in terminal and "seal-lite run summary" in terminal
+    assert "Triton" not in terminal and "INFO" not in terminal  # vLLM's start-up lines are the log's
+    assert "vllm" in (out / "run.log").read_text()
+    rows = Store(out / "seal.db").trajectories(step=1)
+    assert len(rows) == 2 and (out / "rollout-lora" / "adapter_config.json").exists()
