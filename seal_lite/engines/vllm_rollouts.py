@@ -85,7 +85,7 @@ class VllmGenerator:
             from seal_lite.core.memory import Shape
 
             shape = Shape.from_config(AutoConfig.from_pretrained(model_dir))
-            element = 4 if dtype == "float32" else 2
+            element = 4 if dtype == "auto" else getattr(torch, dtype).itemsize  # auto: room for fp32 at worst
             tokens = max(cache_tokens or 4 * max_model_len, max_model_len)
             cache_bytes = tokens * 2 * shape.layers * shape.kv_heads * shape.head_dim * element
         self.llm = LLM(
@@ -155,26 +155,33 @@ class VllmGenerator:
         self.calls += 1
         last: list[tuple[list[int], list[float]]] = [([], [])] * len(batch)
         messages = [0] * len(batch)
-        for row, (ids, budget) in enumerate(zip(batch, budgets, strict=True)):
-            self._request(row, 0, ids, budget, temperature)
-        while self.engine.has_unfinished_requests():
-            for output in self.engine.step():
-                if not output.finished:
-                    continue
-                row = int(output.request_id.split("-")[2])
-                completion = output.outputs[0]
-                ids = list(completion.token_ids)
-                logprobs = [position[token].logprob for position, token in zip(completion.logprobs, ids, strict=True)]
-                self.prompt_tokens += len(output.prompt_token_ids)
-                self.cached_tokens += output.num_cached_tokens or 0
-                last[row] = (ids, logprobs)
-                follow = on_message(row, ids, logprobs) if on_message else None
-                if follow is not None:
-                    messages[row] += 1
-                    self._request(row, messages[row], *follow, temperature)
+        live: set[str] = set()
+        try:
+            for row, (ids, budget) in enumerate(zip(batch, budgets, strict=True)):
+                live.add(self._request(row, 0, ids, budget, temperature))
+            while live:
+                for output in self.engine.step():
+                    if not output.finished:
+                        continue
+                    live.discard(output.request_id)
+                    row = int(output.request_id.split("-")[2])
+                    completion = output.outputs[0]
+                    ids = list(completion.token_ids)
+                    logprobs = [position[token].logprob
+                                for position, token in zip(completion.logprobs, ids, strict=True)]
+                    self.prompt_tokens += len(output.prompt_token_ids)
+                    self.cached_tokens += output.num_cached_tokens or 0
+                    last[row] = (ids, logprobs)
+                    follow = on_message(row, ids, logprobs) if on_message else None
+                    if follow is not None:
+                        messages[row] += 1
+                        live.add(self._request(row, messages[row], *follow, temperature))
+        finally:
+            if live:  # a hook that raised: no request of this call may run on into the next
+                self.engine.abort_request(list(live))
         return last
 
-    def _request(self, row: int, message: int, ids: list[int], budget: int, temperature: float) -> None:
+    def _request(self, row: int, message: int, ids: list[int], budget: int, temperature: float) -> str:
         import numpy as np
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -183,8 +190,9 @@ class VllmGenerator:
         seed = int(np.random.SeedSequence([*self.seed, self.calls, row, message]).generate_state(1)[0])
         params = SamplingParams(max_tokens=max(1, budget), temperature=temperature, top_k=0, top_p=1.0, min_p=0.0,
                                 seed=seed, logprobs=0, stop_token_ids=self.stop_ids, detokenize=False)
-        self.engine.add_request(f"{self.calls}-{message}-{row}", TokensPrompt(prompt_token_ids=list(ids)), params,
-                                lora_request=self.lora)
+        request = f"{self.calls}-{message}-{row}"  # vLLM reports (and aborts) a request by this id
+        self.engine.add_request(request, TokensPrompt(prompt_token_ids=list(ids)), params, lora_request=self.lora)
+        return request
 
     def close(self) -> None:
         self.engine = self.llm = None

@@ -184,3 +184,17 @@ def test_a_run_with_the_vllm_backend_keeps_vllms_lines_in_its_log(tmp_path, vllm
     assert "vllm" in (out / "run.log").read_text()
     rows = Store(out / "seal.db").trajectories(step=1)
     assert len(rows) == 2 and (out / "rollout-lora" / "adapter_config.json").exists()
+
+
+def test_a_hook_that_raises_leaves_no_request_for_the_next_call(vllm_tiny_dir, smol_tokenizer):
+    generator = VllmGenerator(vllm_tiny_dir, smol_tokenizer, max_model_len=1024, seed=0, dtype="float32")
+    prompts = [smol_tokenizer(f"Row {n}: list the files.")["input_ids"] for n in range(3)]
+
+    def failing(row, ids, logprobs):
+        raise RuntimeError("the environment failed")
+
+    with pytest.raises(RuntimeError, match="the environment failed"):
+        generator.generate_continuously(prompts, [1, 32, 32], 1.0, failing)  # two rows still decoding
+    assert not generator.engine.has_unfinished_requests()
+    assert len(generator.generate(prompts[:1], max_new_tokens=4, temperature=1.0)) == 1
+    generator.close()
