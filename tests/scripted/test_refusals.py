@@ -15,6 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from seal_lite.cli import main
+from seal_lite.engines import vllm_rollouts
 from seal_lite.engines.model_sources import REGISTRY, PipGGUF
 from seal_lite.runs import preflight
 
@@ -60,6 +61,7 @@ CORPUS = [
     ("output-dir-is-a-file", {"output_dir": "{tmp}/assets/notes.txt"}, ["output_dir"]),
     ("num-generations-one", {"rollout": {"num_generations": 1}}, ["rollout.num_generations"]),
     ("misspelled-field", {"grpo": {"stepz": 3}}, ["grpo.stepz"]),
+    ("vllm-not-installed", {"rollout": {"backend": "vllm"}}, ["rollout.backend"]),
     ("everything-at-once", {"seed": -1, "policy": {"model": "./models/nowhere"},
                             "data": {"task_ids": ["multi_turn_base_0", "multi_turn_miss_param_999"]},
                             "diagnoser": {"model": "{tmp}/nowhere/diagnoser.gguf"}},
@@ -70,7 +72,7 @@ CORPUS = [
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
     """A working directory with a few files to point recipes at, a registry model whose package is absent, a hub
-    that is offline, and no GPU training library installed."""
+    that is offline, and no GPU training library nor vLLM installed."""
     _write(tmp_path / "assets" / "fake.gguf", "not a model\n")
     _write(tmp_path / "assets" / "notes.txt", "notes\n")
     (tmp_path / "assets" / "empty-dir").mkdir()
@@ -79,6 +81,7 @@ def machine(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(preflight, "_installed", lambda module: module not in ("unsloth", "bitsandbytes")
                         and preflight.importlib.util.find_spec(module) is not None)
+    monkeypatch.setattr(vllm_rollouts, "vllm_missing", lambda: f"vLLM is not installed: {vllm_rollouts.VLLM_INSTALL}")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
