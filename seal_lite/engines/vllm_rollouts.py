@@ -88,6 +88,7 @@ class VllmGenerator:
             element = 4 if dtype == "auto" else getattr(torch, dtype).itemsize  # auto: room for fp32 at worst
             tokens = max(cache_tokens or 4 * max_model_len, max_model_len)
             cache_bytes = tokens * 2 * shape.layers * shape.kv_heads * shape.head_dim * element
+        self._set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it for the whole process
         self.llm = LLM(
             model=model_dir, tokenizer=model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
             enable_prefix_caching=True, enable_lora=True, max_lora_rank=_supported_rank(lora_rank), max_loras=1,
@@ -195,7 +196,11 @@ class VllmGenerator:
         return request
 
     def close(self) -> None:
+        """Free the engine, and give torch back its ``set_num_threads`` (a notebook or test goes on in this process)."""
+        import torch
+
         self.engine = self.llm = None
+        torch.set_num_threads = self._set_num_threads
 
 
 def _supported_rank(rank: int) -> int:

@@ -198,3 +198,4 @@ def test_a_hook_that_raises_leaves_no_request_for_the_next_call(vllm_tiny_dir, s
     assert not generator.engine.has_unfinished_requests()
     assert len(generator.generate(prompts[:1], max_new_tokens=4, temperature=1.0)) == 1
     generator.close()
+    assert torch.set_num_threads is generator._set_num_threads  # vLLM's CPU worker had replaced it
