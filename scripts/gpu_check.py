@@ -340,7 +340,7 @@ class Checks:
         free = torch.cuda.mem_get_info()[0] if cuda else 0
         engine = VllmGenerator(model_dir, policy.tokenizer, max_model_len=prompt + new + 64, lora_rank=16,
                                dtype=str(policy.dtype).removeprefix("torch."),
-                               quantized=cuda and self.backend != "peft", memory_share=0.3)
+                               quantized=cuda, memory_share=0.3)  # both backends here train a 4-bit policy
         taken = free - torch.cuda.mem_get_info()[0] if cuda else None
         timed(engine.generate)  # warm-up
         vllm_s, vllm_tokens = timed(engine.generate)

@@ -39,8 +39,9 @@ class Generator(Protocol):
     """A policy that continues token sequences. Returns only the new ids, ending with a stop token if one
     was produced. A generator that samples with another engine than the trained model (llama.cpp) also sets
     ``sampled_logprobs``: the log-probability of each returned token under that engine. One that also has
-    ``generate_continuously`` (seal_lite/engines/llamacpp.py) plays whole episodes in one call, through a hook
-    that applies each message as it ends."""
+    ``generate_continuously`` (seal_lite/engines/llamacpp.py, vllm_rollouts.py) plays whole episodes in one call,
+    through a hook that applies each message as it ends; one with ``release`` (vLLM) is told when a step's rollouts
+    are done, to give its memory back for the update."""
 
     tokenizer: object
 
