@@ -152,7 +152,7 @@ def weight_bytes(shape) -> float:
 
 def kv_bytes(shape) -> int:
     """The 16-bit KV cache of one token."""
-    return shape.layers * 2 * shape.kv_heads * shape.head_dim * 2
+    return shape.kv_bytes_per_token(2)
 
 
 def rollout_cost(shape, card: Card, episode: Episode, trajectories: int, rows_cap: int, budget: int | None,

@@ -61,6 +61,10 @@ class Shape:
         attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)  # q, o; k, v
         return self.layers * (attention + 3 * self.hidden * self.intermediate)
 
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """One token's keys and values in every layer."""
+        return self.layers * 2 * self.kv_heads * self.head_dim * dtype_bytes
+
     def lora_params(self, rank: int) -> int:
         """LoRA on every projection (q, k, v, o, gate, up, down): rank x (in + out) each."""
         q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -87,7 +91,7 @@ def resident_bytes(shape: Shape, dtype_bytes: int, quantized: bool, lora_rank: i
 def generate_bytes(shape: Shape, rows: int, width: int, new_tokens: int, dtype_bytes: int, engine: str) -> dict:
     """The peak one generate call adds, by term (bytes): ``rows`` left-padded to ``width`` prompt tokens, each
     making up to ``new_tokens``. ``engine``: "unsloth", or "transformers" (the peft backends, GPU or CPU)."""
-    kv = rows * (width + new_tokens) * shape.layers * 2 * shape.kv_heads * shape.head_dim * dtype_bytes
+    kv = rows * (width + new_tokens) * shape.kv_bytes_per_token(dtype_bytes)
     return {
         "kv_cache": kv,
         "kv_copy": kv if engine == "unsloth" else 0,
@@ -130,8 +134,7 @@ def vllm_cache_tokens(shape: Shape, card_bytes: float, share: float, dtype_bytes
     and ``VLLM_ACTIVATIONS``. 0: its weights alone do not fit its share."""
     weights = resident_bytes(shape, dtype_bytes, quantized, 0) + shape.lora_params(lora_rank) * dtype_bytes
     free = card_bytes * share - weights - VLLM_ACTIVATIONS
-    per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * dtype_bytes
-    return max(0, math.floor(free / per_token))
+    return max(0, math.floor(free / shape.kv_bytes_per_token(dtype_bytes)))
 
 
 def vllm_share(shape: Shape, card_bytes: float, dtype_bytes: int, quantized: bool, lora_rank: int,

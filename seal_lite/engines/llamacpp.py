@@ -100,8 +100,9 @@ class LlamaCppGenerator:
         self.read_tokens = 0  # tokens decoded into the cache so far (prompts and fed-back samples alike)
         self.taken: list[_Entry] = []  # entries that a row of the current call continues
         self.contested: set[int] = set()  # entries that several rows of the current call start from
-        vocab = tokenizer.get_vocab()
-        self.stop_ids = {token for token in (tokenizer.eos_token_id, vocab.get("<|im_end|>")) if token is not None}
+        from seal_lite.engines.transformers_generate import stop_ids
+
+        self.stop_ids = stop_ids(tokenizer)
 
     # -- the llama.cpp context ------------------------------------------------------------------------------
 

@@ -82,10 +82,12 @@ class _FirstCall(LogitsProcessor):
         return scores
 
 
-def stop_ids(tokenizer, model) -> set[int]:
-    """Every token that ends a model turn: the tokenizer's and the model's eos ids, and ChatML's <|im_end|>."""
+def stop_ids(tokenizer, model=None) -> set[int]:
+    """Every token that ends a model turn: the tokenizer's and the model's eos ids (when ``model`` is given; the
+    other engines have the tokenizer alone), and ChatML's <|im_end|>."""
     stops = set()
-    for source in (tokenizer.eos_token_id, model.generation_config.eos_token_id):
+    model_eos = model.generation_config.eos_token_id if model is not None else None
+    for source in (tokenizer.eos_token_id, model_eos):
         if isinstance(source, int):
             stops.add(source)
         elif source:

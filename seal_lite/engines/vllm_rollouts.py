@@ -72,12 +72,13 @@ class VllmGenerator:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
-        if not torch.cuda.is_available():  # the CPU build has no Triton, and torch says so to the terminal each time
+        from seal_lite.engines.transformers_generate import stop_ids
+
+        self.on_gpu = torch.cuda.is_available()
+        if not self.on_gpu:  # the CPU build has no Triton, and torch says so to the terminal each time
             logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
         self.tokenizer = tokenizer
-        vocab = tokenizer.get_vocab()  # a message ends at the tokenizer's eos or ChatML's <|im_end|>, as on llama.cpp
-        self.stop_ids = sorted({token for token in (tokenizer.eos_token_id, vocab.get("<|im_end|>")) if token is not None})
-        self.on_gpu = torch.cuda.is_available()
+        self.stop_ids = sorted(stop_ids(tokenizer))
         cache_bytes = None
         if cache_tokens or not self.on_gpu:
             from transformers import AutoConfig
@@ -86,8 +87,7 @@ class VllmGenerator:
 
             shape = Shape.from_config(AutoConfig.from_pretrained(model_dir))
             element = 4 if dtype == "auto" else getattr(torch, dtype).itemsize  # auto: room for fp32 at worst
-            tokens = max(cache_tokens or 4 * max_model_len, max_model_len)
-            cache_bytes = tokens * 2 * shape.layers * shape.kv_heads * shape.head_dim * element
+            cache_bytes = max(cache_tokens or 4 * max_model_len, max_model_len) * shape.kv_bytes_per_token(element)
         self._set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it for the whole process
         self.llm = LLM(
             model=model_dir, tokenizer=model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
