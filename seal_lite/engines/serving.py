@@ -39,11 +39,20 @@ class BackendError(ModelError):
     """The model did not answer: timed out, unreachable, or its server is gone."""
 
 
+def require_llama_cpp_build() -> None:
+    """Refuse, with the fix, a llama.cpp compiled for instructions this CPU lacks (it would die of SIGILL)."""
+    from seal_lite.engines.llama_build import mismatch
+
+    if (why := mismatch()) is not None:
+        raise BackendError(why)
+
+
 class InProcessModel:
     """A GGUF loaded in this process. The request timeout stops generation between tokens (the prompt itself is
     read in one go)."""
 
     def __init__(self, model_path: str, n_ctx: int = 4096, n_threads: int | None = None, seed: int = 0):
+        require_llama_cpp_build()
         from llama_cpp import Llama
 
         threads = n_threads or usable_cores()
@@ -124,6 +133,7 @@ class LocalServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> LocalServer:
+        require_llama_cpp_build()
         self.port = _free_port()
         command = [sys.executable, "-c", _SERVER_BOOTSTRAP, str(os.getpid()), "--model", self.model_path,
                    "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),

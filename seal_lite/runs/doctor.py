@@ -191,8 +191,25 @@ def backends() -> dict:
         elif pin and not _satisfies(version, pin):
             fix = {"gpu": GPU_EXTRA_INSTALL, "vllm": VLLM_EXTRA_INSTALL}.get(role, f"pip install '{pin}'")
             row |= {"ok": False, "note": f"seal-lite pins {pin}, found {version}", "fix": fix}
+        if name == "llama_cpp" and version is not None and row["ok"]:
+            row |= _llama_cpp_build()
         rows.append(row)
     return {"packages": rows, "training_backend": _training_backend(cuda), "rollout_backend": _rollout_backend()}
+
+
+def _llama_cpp_build() -> dict:
+    """The llama.cpp build installed here against the one this CPU gets (seal_lite/engines/llama_build.py)."""
+    from seal_lite.engines import llama_build
+
+    if (why := llama_build.mismatch()) is not None:
+        return {"ok": False, "note": why, "fix": "bash scripts/setup.sh"}
+    installed, (wanted, _) = llama_build.installed_build(), llama_build.chosen_build(llama_build.cpu_flags())
+    if not installed:
+        return {"note": "built outside scripts/setup.sh: for which CPUs is unknown"}
+    if installed == "generic" and wanted != "generic":
+        return {"note": f"generic build; this CPU runs the {wanted} build, which reads prompts faster",
+                "fix": "bash scripts/setup.sh"}
+    return {"note": f"{installed} build" + (" (this CPU's)" if installed == wanted else " (CMAKE_ARGS)")}
 
 
 def seal_lite_pins() -> dict[str, str]:
