@@ -264,15 +264,11 @@ NATIVE_BF16_FLAGS = {"avx512_bf16": "AVX512_BF16", "amx_bf16": "AMX"}
 def cpu_native_bf16(cpuinfo: str | None = None) -> tuple[bool, str]:
     """(native, reason): whether this CPU computes bf16 natively, from the flags in ``cpuinfo`` (default: read
     /proc/cpuinfo)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False, "the CPU's flags are unknown here (no /proc/cpuinfo)"
-    flags = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.partition(":")[2].split())
+    from seal_lite.engines.llama_build import cpu_flags
+
+    flags = cpu_flags(cpuinfo)
+    if flags is None:
+        return False, "the CPU's flags are unknown here (no /proc/cpuinfo)"
     found = [name for flag, name in NATIVE_BF16_FLAGS.items() if flag in flags]
     if found:
         return True, f"the CPU has {' and '.join(found)}"
