@@ -63,7 +63,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in builds}
     for _ in range(args.repeats):
         for name, folder in builds.items():
-            paths = [folder, os.environ.get("PYTHONPATH", "")] if folder else [os.environ.get("PYTHONPATH", "")]
+            paths = filter(None, [folder, os.environ.get("PYTHONPATH")])  # "this": the environment's own
             child = subprocess.run([sys.executable, __file__, "--measure", "--model", args.model, "--prompt-tokens",
                                     str(args.prompt_tokens)], capture_output=True, text=True, check=True,
                                    env=os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, paths))})

@@ -78,9 +78,14 @@ def baseline_plays(part: str, args, tokenizer, Baseline):
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "baseline.pickle"
         command = [sys.executable, __file__, *sys.argv[1:], "--parts", part, "--baseline-to", str(out)]
-        paths = [str(args.baseline_build), *filter(None, [os.environ.get("PYTHONPATH")])]
-        subprocess.run(command, check=True, env=os.environ | {"PYTHONPATH": os.pathsep.join(paths)})
+        subprocess.run(command, check=True, env=with_build(args.baseline_build))
         return pickle.loads(out.read_bytes())
+
+
+def with_build(folder: Path) -> dict:
+    """This process's environment with the llama_cpp in ``folder`` first on a child's path."""
+    paths = filter(None, [str(folder), os.environ.get("PYTHONPATH")])
+    return os.environ | {"PYTHONPATH": os.pathsep.join(paths)}
 
 
 def timed(play, phases: dict | None = None):
@@ -313,7 +318,7 @@ def main() -> None:
     if args.baseline_build:
         builds["baseline"] = subprocess.run(
             [sys.executable, "-c", "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"],
-            env=os.environ | {"PYTHONPATH": str(args.baseline_build)}, capture_output=True, text=True,
+            env=with_build(args.baseline_build), capture_output=True, text=True,
             check=True).stdout.strip()
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results["machine"] = f"{sys.platform}, {len(os.sched_getaffinity(0))} cores"
