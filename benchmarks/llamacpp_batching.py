@@ -47,7 +47,7 @@ from seal_lite.engines.model_sources import gguf_path, resolve_model
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import load_tasks, split_ids
 from seal_lite.runs.evaluate_bfcl import evaluation_rollout
-from seal_lite.step.rollout import by_shared_prefix, rollout_group, rollout_groups
+from seal_lite.step.rollout import by_shared_prefix, rollout_group, rollout_groups, task_batches
 from seal_lite.step.screen import screen_tasks
 from seal_lite.step.verifier import diagnose_episode
 
@@ -137,11 +137,10 @@ def part_eval(args, tokenizer, Baseline) -> dict:
     phases = {"baseline": phases, "batched": {}}
     new = LlamaCppGenerator(path, tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2)
 
-    def batched():
-        ordered, played = by_shared_prefix(tasks), {}
-        for start in range(0, len(ordered), rollout.generation_batch_size):
-            chunk = ordered[start : start + rollout.generation_batch_size]
-            for task, [trajectory] in zip(chunk, rollout_groups([(t, interface) for t in chunk], 1, new, rollout)):
+    def batched():  # as seal_lite.runs.evaluate_bfcl.evaluate plays them
+        played = {}
+        for batch in task_batches(by_shared_prefix(tasks), 1, new, rollout):
+            for task, [trajectory] in zip(batch, rollout_groups([(t, interface) for t in batch], 1, new, rollout)):
                 played[task.id] = trajectory
         return [played[task.id] for task in tasks]
 

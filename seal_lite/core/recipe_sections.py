@@ -150,8 +150,8 @@ class RolloutConfig(Section):
     )
     generation_batch_size: int | None = Field(
         None, ge=1, description="Most sequences in one generate call (None: a whole step's tasks x G; evaluation "
-        "and screening batch as many). Caps the KV cache of GPU rollouts, which grows with sequences x context "
-        "length.",
+        "and screening batch as many); llamacpp and vllm keep that many episodes live, starting the next when one "
+        "ends. Caps the KV cache of GPU rollouts, which grows with sequences x context length.",
     )
     generation_token_budget: int | None = Field(
         None, description="Most padded tokens in one generate call: sequences x (the longest + max_new_tokens), "

@@ -12,7 +12,9 @@ one llama.cpp context with one KV cache shared by all of them (``kv_unified``), 
   prefill of several rows' new text (tool results, user turns) in shared batches.
 * **No row waits for another's message** (``generate_continuously``): when a row's message ends, the driver runs
   its tool calls at once and the text that appends is read in the batches that decode the other rows, so an
-  episode's next message starts without waiting for the longest message of a round.
+  episode's next message starts without waiting for the longest message of a round. With ``max_live``, at most
+  that many rows play at once and a waiting row takes the place of one whose episode is over, its prompt read in
+  the same batches (an evaluation's tasks never wait for the slowest of a fixed batch).
 
 Attention in a shared cache scans every used cell (skipping other sequences' cells cheaply, but not for free),
 so the engine drops a finished row's entry as soon as a call no longer continues it, and keeps only the few most
@@ -188,17 +190,20 @@ class LlamaCppGenerator:
 
     def generate_continuously(self, batch: list[list[int]], budgets: list[int], temperature: float,
                               on_message: Callable[[int, list[int], list[float]], tuple[list[int], int] | None],
-                              ) -> None:
+                              max_live: int | None = None) -> None:
         """Each row's messages one after another, without waiting for the other rows' (continuous batching).
 
         When row ``i``'s message ends (a stop token, or ``budgets[i]`` tokens), ``on_message(i, tokens, logprobs)``
         runs its episode on (tool calls, the next user turn) and returns the row's whole sequence to go on from
         and its next message's budget, or None when the episode is over. What that sequence appends is read in
-        the same decode batches as the other rows' next tokens. A row whose continuation would not fit the cache
-        beside the live rows stops here; the caller plays its episode on in a later call."""
-        self._play(batch, budgets, temperature, on_message)
+        the same decode batches as the other rows' next tokens. At most ``max_live`` rows (None: all) play at
+        once; the next waiting row starts when one's episode is over. A row whose continuation, or a waiting row
+        whose prompt, would not fit the cache beside the live rows stops here; the caller plays its episode on in
+        a later call."""
+        self._play(batch, budgets, temperature, on_message, max_live)
 
-    def _play(self, batch: list[list[int]], budgets: list[int], temperature: float, on_message) -> list[_Row]:
+    def _play(self, batch: list[list[int]], budgets: list[int], temperature: float, on_message,
+              max_live: int | None = None) -> list[_Row]:
         import numpy as np
 
         if self.ctx is None:
@@ -209,14 +214,18 @@ class LlamaCppGenerator:
         self._forget_finished(rows)
         sources = Counter(id(self._source(row.target)[0]) for row in rows)
         self.contested = {source for source, wanted in sources.items() if wanted > 1}  # never cut in place
-        waves = self._waves(rows, max(budgets, default=0))
-        for number, wave in enumerate(waves):
-            if number:  # the cache cannot hold every row: the last wave's rows make room (re-read next call)
-                done = {id(row.entry) for row in waves[number - 1]}
+        waiting = sorted(rows, key=lambda row: row.target)  # similar rows together: neighbours share prefixes
+        most = max_live or len(rows)
+        while waiting:
+            played = [row for row in rows if row.entry is not None]
+            if played:  # the cache cannot hold every row: those played make room (re-read next call)
+                done = {id(row.entry) for row in played}
                 self._evict(lambda entry, done=done: id(entry) in done)
+            wave = self._waves(waiting[:most], max(budgets))[0]
+            del waiting[: len(wave)]
             with timing.phase("prefill"):
                 self._prefill(wave)
-            self._decode(wave, temperature, on_message)
+            self._decode(wave, temperature, on_message, waiting, most)
         return rows
 
     def cached_tokens(self) -> int:
@@ -356,10 +365,11 @@ class LlamaCppGenerator:
                                "(rollout.cache_tokens sets the cache)")
         self.read_tokens += len(tokens)
 
-    def _decode(self, rows: list[_Row], temperature: float, on_message) -> None:
+    def _decode(self, rows: list[_Row], temperature: float, on_message, waiting: list[_Row], most: int) -> None:
         """Sample every row's message, each live row advancing by one token per llama_decode; with ``on_message``,
         a row whose message ends is continued in the same loop (what its episode appended is read in the batches
-        that decode the others)."""
+        that decode the others), and when one's episode is over, ``waiting`` rows join while fewer than ``most``
+        are live."""
         import llama_cpp
         import numpy as np
 
@@ -383,8 +393,12 @@ class LlamaCppGenerator:
             for row in ended:
                 live.remove(row)
                 row.entry.last_used = self.calls
-                if on_message is not None and self._continue(row, on_message(row.index, row.new, row.logprobs), live):
+                if on_message is None:  # one message per row: its sequence stays for the caller's next call
+                    continue
+                if self._continue(row, on_message(row.index, row.new, row.logprobs), live, waiting):
                     live.append(row)
+            while waiting and len(live) < most and self._admit(waiting[0], live):
+                live.append(waiting.pop(0))
 
     def _next_batch(self, live: list[_Row]) -> tuple[list[tuple[_Entry, int, bool]], list[tuple[int, _Row]]]:
         """The next llama_decode's tokens: every row's next token, then as much of the rows' fed-back text as the
@@ -400,19 +414,18 @@ class LlamaCppGenerator:
                 sampling.append((len(tokens) - 1, row))
         return tokens, sampling
 
-    def _continue(self, row: _Row, reply: tuple[list[int], int] | None, live: list[_Row]) -> bool:
+    def _continue(self, row: _Row, reply: tuple[list[int], int] | None, live: list[_Row], waiting: list[_Row]) -> bool:
         """Set ``row`` up for its episode's next message, if there is one and it fits the cache beside the live
-        rows' messages; else drop its sequence when its episode is over."""
+        rows' messages; else retire its sequence when its episode is over."""
         import llama_cpp
 
         entry = row.entry
         if reply is None:
-            self._evict(lambda candidate: candidate is entry)
+            self._retire(entry, waiting)
             return False
         ids, budget = reply
         kept = min(_prefix_length(entry.tokens, ids), len(ids) - 1)  # the cache holds all but the last sampled
-        room = self.cache_tokens - self.cached_tokens() - sum(r.budget - len(r.new) + len(r.feed) for r in live)
-        if len(ids) - kept + budget > room:
+        if len(ids) - kept + budget > self._room(live):
             return False
         if kept < len(entry.tokens):
             llama_cpp.llama_memory_seq_rm(self.memory, entry.seq, kept, -1)
@@ -420,6 +433,39 @@ class LlamaCppGenerator:
             entry.own_from = min(entry.own_from, kept)
         row.ids, row.budget, row.feed, row.new, row.logprobs = ids, budget, ids[kept:], [], []
         return True
+
+    def _admit(self, row: _Row, live: list[_Row]) -> bool:
+        """Start a waiting row beside the live ones, if its new cells fit: forked from the entry sharing most of
+        it, the rest read in the batches that decode the others. It waits while a live row is still reading text
+        it shares (a task's G samples, tasks with the same tool block), so that text is read once."""
+        source, cached = self._source(row.target)
+        if any(len(other.feed) > 1 and _prefix_length(other.ids, row.target) > cached for other in live):
+            return False
+        if len(row.ids) - cached + row.budget > self._room(live) or len(self.entries) >= MAX_SEQUENCES // 2:
+            return False
+        row.entry = self._fork(source, cached, own=True)
+        row.feed = row.ids[cached:]
+        return True
+
+    def _room(self, live: list[_Row]) -> int:
+        """Cache cells neither in use nor promised to the live rows (what they still read and may generate)."""
+        return self.cache_tokens - self.cached_tokens() - sum(r.budget - len(r.new) + len(r.feed) for r in live)
+
+    def _retire(self, entry: _Entry, waiting: list[_Row]) -> None:
+        """A finished episode's entry: the cells that rows forked from it or waiting rows share (a task's next
+        sample, a task with the same tool block) stay, as a shared prefix; the rest go, and so do the shared
+        prefixes no waiting row starts from (every used cell costs attention time in every decode)."""
+        import llama_cpp
+
+        keep = max([child.own_from for child in self.entries if child.parent is entry] +
+                   [_prefix_length(entry.tokens, row.target) for row in waiting], default=0)
+        if entry.children or (keep > entry.own_from and keep >= MIN_SHARED):
+            llama_cpp.llama_memory_seq_rm(self.memory, entry.seq, keep, -1)
+            del entry.tokens[keep:]
+            entry.own_from, entry.shared = min(entry.own_from, keep), True
+        wanted = {id(self._source(row.target)[0]) for row in waiting}
+        self._evict(lambda candidate: (candidate is entry and not entry.shared)
+                    or (candidate.shared and id(candidate) not in wanted))
 
 
 def sample(logits, temperature: float, rng) -> tuple[int, float]:

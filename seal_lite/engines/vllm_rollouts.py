@@ -48,6 +48,9 @@ def vllm_missing() -> str | None:
         if not CPU_BUILD.is_dir() or torch.cuda.is_available():
             return f"vLLM is not installed ({error}): {VLLM_INSTALL}"
         sys.path.append(str(CPU_BUILD))
+        # vLLM inspects a model class in a child process (python -m vllm...) unless ~/.cache/vllm has it: that
+        # process must find the CPU build too
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(CPU_BUILD)]))
         import vllm  # noqa: F401
     return None
 
@@ -145,21 +148,29 @@ class VllmGenerator:
         return [ids for ids, _ in messages]
 
     def generate_continuously(self, batch: list[list[int]], budgets: list[int], temperature: float,
-                              on_message: Callable[[int, list[int], list[float]], tuple[list[int], int] | None]) -> None:
+                              on_message: Callable[[int, list[int], list[float]], tuple[list[int], int] | None],
+                              max_live: int | None = None) -> None:
         """Play each row until ``on_message(row, ids, logprobs)`` returns None; otherwise it returns the row's
         whole sequence (with what the environment appended) and the next message's budget, and that request
-        joins the running batch at once."""
-        self._play(batch, budgets, temperature, on_message)
+        joins the running batch at once. At most ``max_live`` rows (None: all) play at once; the next row starts
+        when one's episode is over."""
+        self._play(batch, budgets, temperature, on_message, max_live)
 
-    def _play(self, batch, budgets, temperature, on_message) -> list[tuple[list[int], list[float]]]:
+    def _play(self, batch, budgets, temperature, on_message, max_live=None) -> list[tuple[list[int], list[float]]]:
         self._wake()
         self.calls += 1
         last: list[tuple[list[int], list[float]]] = [([], [])] * len(batch)
         messages = [0] * len(batch)
         live: set[str] = set()
-        try:
-            for row, (ids, budget) in enumerate(zip(batch, budgets, strict=True)):
+        waiting = list(enumerate(zip(batch, budgets, strict=True)))[::-1]  # popped from the end: row 0 first
+
+        def start_waiting():
+            while waiting and len(live) < (max_live or len(batch)):
+                row, (ids, budget) = waiting.pop()
                 live.add(self._request(row, 0, ids, budget, temperature))
+
+        try:
+            start_waiting()
             while live:
                 for output in self.engine.step():
                     if not output.finished:
@@ -177,6 +188,7 @@ class VllmGenerator:
                     if follow is not None:
                         messages[row] += 1
                         live.add(self._request(row, messages[row], *follow, temperature))
+                start_waiting()
         finally:
             if live:  # a hook that raised: no request of this call may run on into the next
                 self.engine.abort_request(list(live))

@@ -25,9 +25,10 @@ from seal_lite.core.errors import ConfigError, RunError
 from seal_lite.core.interface import NOT_BFCL_VIEW, evaluation_interface
 from seal_lite.core.labels import SUCCESS_LABELS
 from seal_lite.core.recipe import Recipe, RolloutConfig, load_recipe
+from seal_lite.core.types import Trajectory
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import CATEGORIES, Task, category_of, load_tasks, split_ids
-from seal_lite.step.rollout import Generator, by_shared_prefix, rollout_groups
+from seal_lite.step.rollout import Generator, by_shared_prefix, rollout_groups, task_batches
 from seal_lite.step.verifier import diagnose_episode
 
 TABLE_ROWS = (*CATEGORIES, "mean")  # the paper's layout: one row per category, then their mean
@@ -62,23 +63,26 @@ def view_label(model_label: str, view: str) -> str:
 
 def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, view: str = "official",
              on_result: Callable[[TaskResult], None] = lambda result: None) -> list[TaskResult]:
-    """Play every task once with greedy decoding under the plain interface; score it like BFCL does. Tasks are
-    played in batches of ``generation_batch_size``, those sharing tool classes together (they share their prompt's
-    tool block); ``on_result`` sees each task's result as soon as its batch is done. Results come in task order."""
+    """Play every task once with greedy decoding under the plain interface; score it like BFCL does. Tasks sharing
+    tool classes are played next to each other (they share their prompt's tool block), at most
+    ``generation_batch_size`` at once (``task_batches``); ``on_result`` sees each task's result as soon as it is
+    played. Results come in task order."""
     greedy = evaluation_rollout(rollout)
     interface = evaluation_interface(view)
-    ordered = by_shared_prefix(tasks)
-    batch = greedy.generation_batch_size or len(tasks)
+    by_id = {task.id: task for task in tasks}
     results = {}
-    for start in range(0, len(ordered), batch):
-        chunk = ordered[start : start + batch]
-        groups = rollout_groups([(task, interface) for task in chunk], 1, generator, greedy)
-        for task, [trajectory] in zip(chunk, groups, strict=True):
-            diagnosis = diagnose_episode(task, trajectory.turns)
-            passed = sum(label in SUCCESS_LABELS for label in diagnosis.labels)
-            results[task.id] = TaskResult(task.id, task.category, diagnosis.valid, passed, len(diagnosis.labels),
-                                          diagnosis.labels)
-            on_result(results[task.id])
+
+    def score(group: list[Trajectory]) -> None:
+        [trajectory] = group
+        task = by_id[trajectory.task_id]
+        diagnosis = diagnose_episode(task, trajectory.turns)
+        passed = sum(label in SUCCESS_LABELS for label in diagnosis.labels)
+        results[task.id] = TaskResult(task.id, task.category, diagnosis.valid, passed, len(diagnosis.labels),
+                                      diagnosis.labels)
+        on_result(results[task.id])
+
+    for batch in task_batches(by_shared_prefix(tasks), 1, generator, greedy):
+        rollout_groups([(task, interface) for task in batch], 1, generator, greedy, on_group=score)
     return [results[task.id] for task in tasks]
 
 

@@ -1,9 +1,11 @@
 """The multi-turn episode driver: prompts, tool execution, token bookkeeping and loss masks.
 
-``rollout_groups`` plays G episodes of each of several tasks together (at most ``rollout.generation_batch_size``
-sequences per call): a step's tasks x G at once. With transformers, in rounds: every round of model calls is one
-batched generation. With llama.cpp, continuously: an episode's next message starts as soon as its last one is
-applied, while the others still decode (``generate_continuously``).
+``rollout_groups`` plays G episodes of each of several tasks together: a step's tasks x G at once, an
+evaluation's or a screen's every task. With transformers, in rounds: every round of model calls is one batched
+generation of at most ``rollout.generation_batch_size`` sequences. With llama.cpp and vLLM, continuously
+(``generate_continuously``): an episode's next message starts as soon as its last one is applied, while the
+others still decode, and at most ``generation_batch_size`` episodes play at once, the next one starting when one
+ends. ``on_group`` sees each task's group as soon as its last episode ends.
 Every engine shares what those sequences have in common: transformers in one padded batch, llama.cpp in one
 KV cache where each shared prefix is read once (``by_shared_prefix`` orders tasks so that neighbours share most).
 Each episode keeps the exact token ids the policy saw, with ``env_mask`` = 1 on tokens the policy generated
@@ -19,6 +21,7 @@ model, with a tool template (Qwen) or without one (SmolLM2), sees the same text.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,6 +108,7 @@ class TokenConversation:
 class _Episode:
     task: Task
     interface: TrainingInterface
+    group: int  # its task's place in the call
     index: int
     env: Environment
     conversation: TokenConversation
@@ -140,30 +144,56 @@ def rollout_groups(
     group_size: int,
     generator: Generator,
     rollout: RolloutConfig,
+    on_group: Callable[[list[Trajectory]], None] = lambda group: None,
 ) -> list[list[Trajectory]]:
-    """Play ``group_size`` episodes of each (task, interface) in lockstep; one group of trajectories per task."""
+    """Play ``group_size`` episodes of each (task, interface); one group of trajectories per task, in order.
+    ``on_group(group)`` runs as soon as every episode of a task has ended."""
     episodes = []
-    for task, interface in tasks:
+    for number, (task, interface) in enumerate(tasks):
         messages = opening_messages(task, interface)
-        episodes += [_Episode(task, interface, index, Environment(task),
+        episodes += [_Episode(task, interface, number, index, Environment(task),
                               TokenConversation(generator.tokenizer, messages), [TurnRecord(messages[1]["content"])])
                      for index in range(group_size)]
+    groups = [episodes[start : start + group_size] for start in range(0, len(episodes), group_size)]
+    reported = set()
+
+    def report(ended: list[_Episode]) -> None:
+        sampled = getattr(generator, "sampled_logprobs", None) is not None
+        for number in sorted({e.group for e in ended if e.stop_reason is not None} - reported):
+            if all(e.stop_reason is not None for e in groups[number]):
+                reported.add(number)
+                on_group([_trajectory(e, sampled) for e in groups[number]])
+
     for episode in episodes:  # a prompt that leaves no room for one message ends the episode before it starts
         if len(episode.conversation.ids) + rollout.max_new_tokens > rollout.max_context_tokens:
             episode.stop_reason = StopReason.CONTEXT
-    play = _play_continuously if hasattr(generator, "generate_continuously") else _generate_round
+    report(episodes)
     while active := [e for e in episodes if e.stop_reason is None]:
-        for chunk in generation_chunks(active, rollout):
-            play(chunk, generator, rollout)
+        if hasattr(generator, "generate_continuously"):
+            _play_continuously(active, generator, rollout, report)
+        else:
+            for chunk in generation_chunks(active, rollout):
+                _generate_round(chunk, generator, rollout)
+                report(chunk)
     sampled = getattr(generator, "sampled_logprobs", None) is not None
-    trajectories = [_trajectory(e, sampled) for e in episodes]
-    return [trajectories[start : start + group_size] for start in range(0, len(trajectories), group_size)]
+    return [[_trajectory(e, sampled) for e in group] for group in groups]
 
 
 def by_shared_prefix(tasks: list[Task]) -> list[Task]:
     """``tasks`` with those using the same tool classes next to each other: under BFCL's view their prompts share
     the whole tool block (thousands of tokens), which a batch then reads once."""
     return sorted(tasks, key=lambda task: sorted(task.involved_classes))
+
+
+def task_batches(tasks: list, group_size: int, generator: Generator, rollout: RolloutConfig) -> list[list]:
+    """``tasks`` cut into the ``rollout_groups`` calls of an evaluation or a screen: one call for an engine that
+    batches continuously (it starts the next episode as soon as one ends, so no task waits for a batch's
+    slowest), else ``generation_batch_size`` sequences' worth of tasks per call, so that results come in as each
+    batch ends."""
+    if hasattr(generator, "generate_continuously") or not tasks:
+        return [tasks] if tasks else []
+    per_call = max(1, (rollout.generation_batch_size or len(tasks) * group_size) // group_size)
+    return [tasks[start : start + per_call] for start in range(0, len(tasks), per_call)]
 
 
 def generation_chunks(active: list, rollout: RolloutConfig) -> list[list]:
@@ -194,10 +224,12 @@ def _generate_round(active: list[_Episode], generator: Generator, rollout: Rollo
         _advance(episode, ids, token_logprobs, rollout)
 
 
-def _play_continuously(active: list[_Episode], generator: Generator, rollout: RolloutConfig) -> None:
+def _play_continuously(active: list[_Episode], generator: Generator, rollout: RolloutConfig,
+                       report: Callable[[list[_Episode]], None]) -> None:
     """The active episodes to their end in one call of an engine that batches continuously: each episode's next
-    message starts as soon as its last one is applied, not when the round's longest message ends. (An episode
-    the engine could not go on with stays active for the next call.)"""
+    message starts as soon as its last one is applied, not when the round's longest message ends, and at most
+    ``generation_batch_size`` play at once. ``report`` sees each episode that ends. (An episode the engine could
+    not go on with stays active for the next call.)"""
     applying = 0.0
 
     def on_message(row: int, ids: list[int], logprobs: list[float]) -> tuple[list[int], int] | None:
@@ -205,6 +237,8 @@ def _play_continuously(active: list[_Episode], generator: Generator, rollout: Ro
         started = time.perf_counter()
         episode = active[row]
         _advance(episode, list(ids), list(logprobs), rollout)
+        if episode.stop_reason is not None:
+            report([episode])
         applying += time.perf_counter() - started
         if episode.stop_reason is not None:
             return None
@@ -212,7 +246,8 @@ def _play_continuously(active: list[_Episode], generator: Generator, rollout: Ro
 
     with timing.phase("generate"):
         generator.generate_continuously([e.conversation.ids for e in active],
-                                        [_message_budget([e], rollout) for e in active], rollout.temperature, on_message)
+                                        [_message_budget([e], rollout) for e in active], rollout.temperature, on_message,
+                                        rollout.generation_batch_size)
     timing.add("generate", -applying)  # the episodes' own work (tools, templates) has its own phases
 
 

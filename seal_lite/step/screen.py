@@ -3,9 +3,9 @@
 GRPO learns only from groups whose rewards differ. A task the policy always fails, or always solves, gives every
 trajectory of its group the same reward and an advantage of 0, so it costs rollouts and teaches nothing. The
 screen plays k samples of each task of the slice, as training would (same interface, budgets and temperature),
-and keeps the tasks whose pass rate is strictly between 0 and 1. Tasks are played a training step's worth of
-sequences at a time, those sharing tool classes together; each batch's results are stored as soon as they are
-known, so an interrupted screen goes on where it stopped. Not part of the paper: a lever for small budgets.
+and keeps the tasks whose pass rate is strictly between 0 and 1. At most a training step's worth of sequences
+play at once, tasks sharing tool classes next to each other; each task's result is stored as soon as its samples
+are played, so an interrupted screen goes on where it stopped. Not part of the paper: a lever for small budgets.
 
 As the policy learns, its frontier moves: ``data.rescreen_every`` screens the slice again during training, with
 the current policy under the current training interface (seal_lite/step/algorithm.py), and the steps that follow draw from
@@ -19,9 +19,10 @@ from collections.abc import Callable
 
 from seal_lite.core.interface import TrainingInterface
 from seal_lite.core.recipe import Recipe
+from seal_lite.core.types import Trajectory
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import Task
-from seal_lite.step.rollout import Generator, by_shared_prefix, rollout_groups
+from seal_lite.step.rollout import Generator, by_shared_prefix, rollout_groups, task_batches
 from seal_lite.step.verifier import diagnose_episode
 
 
@@ -37,16 +38,22 @@ def screen_tasks(tasks: list[Task], generator: Generator, recipe: Recipe, store:
     interface_for = interface_for or (lambda task: first)
     done = store.screen(step)
     todo = by_shared_prefix([task for task in tasks if task.id not in done or done[task.id]["samples"] != samples])
-    per_batch = max(1, recipe.generation_batch() // samples)  # as many sequences as a training step plays
-    for start in range(0, len(todo), per_batch):
-        chunk = todo[start : start + per_batch]
-        started = time.perf_counter()
-        groups = rollout_groups([(task, interface_for(task)) for task in chunk], samples, generator, recipe.rollout)
-        seconds = (time.perf_counter() - started) / len(chunk)  # the batch's time, shared by its tasks
-        for task, group in zip(chunk, groups, strict=True):
-            passes = sum(diagnose_episode(task, trajectory.turns).valid for trajectory in group)
-            store.save_screen({"task_id": task.id, "samples": samples, "passes": passes, "seconds": seconds}, step)
-            on_task(task.id, passes, samples)
+    by_id = {task.id: task for task in todo}
+    last = time.perf_counter()
+
+    def record(group: list[Trajectory]) -> None:
+        nonlocal last
+        task = by_id[group[0].task_id]
+        passes = sum(diagnose_episode(task, trajectory.turns).valid for trajectory in group)
+        # tasks play side by side: a task's seconds are those since the previous task's group ended
+        now = time.perf_counter()
+        seconds, last = now - last, now
+        store.save_screen({"task_id": task.id, "samples": samples, "passes": passes, "seconds": seconds}, step)
+        on_task(task.id, passes, samples)
+
+    rollout = recipe.rollout.model_copy(update={"generation_batch_size": recipe.generation_batch()})
+    for batch in task_batches(todo, samples, generator, rollout):  # as many sequences at once as a training step
+        rollout_groups([(task, interface_for(task)) for task in batch], samples, generator, rollout, on_group=record)
     rates = pass_rates(store.screen(step))
     return {task.id: rates[task.id] for task in tasks}
 

@@ -310,3 +310,38 @@ def test_continuous_play_matches_lockstep_rounds_and_goes_on_after_the_cache_fil
                 split = _prefix_length(a.completion_ids, b.completion_ids)
                 assert b.env_mask[split] == 1  # they part at a model token, never in what the environment wrote
         assert max(_plain_read_gaps(played[name])) < NEAR_TIE
+
+
+class _Watched(LlamaCppGenerator):
+    """The engine, noting the most rows it ever decoded at once."""
+
+    most_live = 0
+
+    def _next_batch(self, live):
+        self.most_live = max(self.most_live, len(live))
+        return super()._next_batch(live)
+
+
+def test_at_most_max_live_episodes_play_and_waiting_ones_take_the_place_of_finished_ones(smol_tokenizer):
+    """An evaluation's or a screen's every episode in one call, at most ``generation_batch_size`` at once: a waiting
+    episode starts when one ends, forked from the cells it shares with what was read (a sibling sample, a task with
+    the same tool classes), so each token is still read once; and each greedy token is a plain read's argmax."""
+    from seal_lite.step.rollout import rollout_groups
+
+    rollout, pairs = _continuous_setup()
+    more = [(task.truncated(2), pairs[0][1]) for task in load_tasks(["multi_turn_base_3", "multi_turn_base_10"])]
+    pairs = pairs + more  # base_1 and base_3 share their tool classes
+    capped = rollout.model_copy(update={"temperature": 0.0, "generation_batch_size": 3})
+    generator = _Watched(SMOL, smol_tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2)
+    finished = []
+    try:
+        played = rollout_groups(pairs, 2, generator, capped, on_group=lambda group: finished.append(group[0].task_id))
+    finally:
+        generator.close()
+    trajectories = [t for group in played for t in group]
+    assert generator.calls == 1 and generator.most_live == 3
+    assert all(t.stop_reason is not None for t in trajectories)
+    assert sorted(finished) == sorted(task.id for task, _ in pairs)  # each group reported once, when it ended
+    prompts = [t.prompt_ids for t in trajectories]
+    assert generator.read_tokens == _distinct([p[:-1] for p in prompts]) + sum(len(t.completion_ids) for t in trajectories)
+    assert max(_plain_read_gaps(trajectories)) < NEAR_TIE

@@ -55,9 +55,13 @@ def torch_logprobs(model, prompt: list[int], completion: list[int], temperature:
     return torch.log_softmax(scaled, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 
-def test_the_generator_samples_from_the_models_distribution_and_reads_only_new_tokens(vllm_tiny_dir, smol_tokenizer):
+def test_the_generator_samples_from_the_models_distribution_and_reads_only_new_tokens(vllm_tiny_dir, smol_tokenizer,
+                                                                                   tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
+    # an empty vLLM cache, as on a new machine: vLLM inspects the model class in a child process, which must find
+    # the CPU build as this process does
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     model = AutoModelForCausalLM.from_pretrained(vllm_tiny_dir, dtype=torch.float32)
     generator = VllmGenerator(vllm_tiny_dir, smol_tokenizer, max_model_len=2048, seed=0, dtype="float32",
                               cache_tokens=4096)
@@ -98,6 +102,15 @@ def test_the_generator_samples_from_the_models_distribution_and_reads_only_new_t
         2 * len(prompt) + messages[row][0] + len(appended) for row, prompt in enumerate(prompts))
     # the prompts were read by the calls above, so both messages of each row find at least their whole blocks
     assert generator.cached_tokens - cached_before >= 2 * sum(len(p) // block * block for p in prompts)
+
+    order = []  # with max_live=1 the second row's episode starts only when the first one's is over
+
+    def one_at_a_time(row, ids, logprobs):
+        order.append(row)
+        return (prompts[row] + ids + appended, 4) if order.count(row) == 1 else None
+
+    generator.generate_continuously(prompts, [4, 4], 0.8, one_at_a_time, max_live=1)
+    assert order == [0, 0, 1, 1]
     generator.close()
 
 
