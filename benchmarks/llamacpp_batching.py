@@ -88,6 +88,13 @@ def with_build(folder: Path) -> dict:
     return os.environ | {"PYTHONPATH": os.pathsep.join(paths)}
 
 
+def cpu_name() -> str:
+    """The CPU's model name and family/model numbers (which CPU kind a figure was measured on)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines()[:30] if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+
+
 def timed(play, phases: dict | None = None):
     """(result, wall seconds); ``phases`` gets the engine's prefill and decode seconds."""
     timing.take()
@@ -320,7 +327,7 @@ def main() -> None:
             env=with_build(args.baseline_build), capture_output=True, text=True,
             check=True).stdout.strip()
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
-    results["machine"] = f"{sys.platform}, {len(os.sched_getaffinity(0))} cores"
+    results["machine"] = f"{sys.platform}, {len(os.sched_getaffinity(0))} cores, {cpu_name()}"
     results["llama_cpp_builds"] = builds
     for part in args.parts.split(","):
         if part in results:
