@@ -277,6 +277,14 @@ def print_summary(summary: dict) -> None:
         print(f"base model: {100 * held_out['base']:.1f}%")
 
 
+def needs_training(record: dict, run_dir: Path) -> bool:
+    """Whether a run must (still) be trained: it has no training record, or it was trained but not yet played on
+    the held-out tasks and its store is gone with the machine that ran it (the adapter those plays need with it)."""
+    from seal_lite.runs.run_dir import run_status
+
+    return "training" not in record or ("held_out" not in record and run_status(run_dir) != "finished")
+
+
 def run(out: Path, records: Records, arms: list[str]) -> None:
     """Phases 1-3, each part skipped once recorded; a run left unfinished in --out resumes."""
     from seal_lite.api import parse_overrides
@@ -295,7 +303,7 @@ def run(out: Path, records: Records, arms: list[str]) -> None:
         for arm in arms:
             name, run_dir = f"{arm}-seed{seed}", out / f"{arm}-seed{seed}"
             record = records.get(name) or {}
-            if "training" not in record:
+            if needs_training(record, run_dir):
                 if run_status(run_dir) != "finished":
                     seal_lite("run", RECIPE, "--out", str(run_dir), *sets(arm_settings(arm, seed, frontier)))
                 record = {"arm": arm, "seed": seed, "settings": arm_settings(arm, seed, frontier),

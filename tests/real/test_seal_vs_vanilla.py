@@ -26,3 +26,20 @@ def test_held_out_plays_are_scored_turn_by_turn_and_their_samples_reproduce(tmp_
     for valid, labels in [plays["greedy"], *plays["samples"]]:
         assert len(labels) == 2 and (not valid or all(label in SUCCESS_LABELS for label in labels))
     assert design.play_held_out(recipe, None, tmp_path / "two", tasks=tasks, samples=2) == first
+
+
+def test_a_run_trained_on_a_lost_machine_is_trained_again_before_its_held_out_plays(tmp_path):
+    """A record with training but no held-out plays resumes to the plays only while the run's store is there."""
+    from seal_lite.engines.store import Store
+
+    design = load_script("seal_vs_vanilla")
+    run_dir, trained = tmp_path / "vanilla-seed0", {"training": {"steps": []}}
+    assert design.needs_training({}, run_dir)
+    assert design.needs_training(trained, run_dir)  # no store: the adapter is gone
+    run_dir.mkdir()
+    store = Store(run_dir / "seal.db")
+    store.start_run("vanilla-seed0", {}, "qwen2.5-coder-0.5b")
+    assert design.needs_training(trained, run_dir)  # an unfinished store: its run goes on
+    store.finish_run("vanilla-seed0", "finished", 1.0)
+    assert not design.needs_training(trained, run_dir)
+    assert not design.needs_training({**trained, "held_out": {}}, tmp_path / "gone")
