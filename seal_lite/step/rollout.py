@@ -157,12 +157,15 @@ def rollout_groups(
     groups = [episodes[start : start + group_size] for start in range(0, len(episodes), group_size)]
     reported = set()
 
-    def report(ended: list[_Episode]) -> None:
+    def played(group: list[_Episode]) -> list[Trajectory]:
         sampled = getattr(generator, "sampled_logprobs", None) is not None
+        return [_trajectory(e, sampled) for e in group]
+
+    def report(ended: list[_Episode]) -> None:
         for number in sorted({e.group for e in ended if e.stop_reason is not None} - reported):
             if all(e.stop_reason is not None for e in groups[number]):
                 reported.add(number)
-                on_group([_trajectory(e, sampled) for e in groups[number]])
+                on_group(played(groups[number]))
 
     for episode in episodes:  # a prompt that leaves no room for one message ends the episode before it starts
         if len(episode.conversation.ids) + rollout.max_new_tokens > rollout.max_context_tokens:
@@ -175,8 +178,7 @@ def rollout_groups(
             for chunk in generation_chunks(active, rollout):
                 _generate_round(chunk, generator, rollout)
                 report(chunk)
-    sampled = getattr(generator, "sampled_logprobs", None) is not None
-    return [[_trajectory(e, sampled) for e in group] for group in groups]
+    return [played(group) for group in groups]
 
 
 def by_shared_prefix(tasks: list[Task]) -> list[Task]:
