@@ -50,8 +50,9 @@ import memory_model  # noqa: E402
 from seal_lite.core import memory  # noqa: E402
 
 TASKS = ["multi_turn_base_0", "multi_turn_base_1"]
-# seconds each check may take on a GPU (x10 with --tiny); the unsloth process runs them all, peft-4bit the first two
-LIMITS = {"steps": 100, "parity": 40, "parity_fp16": 40, "adapter": 30, "over_length": 30, "memory": 80, "timing": 20,
+# seconds each check may take on a GPU (x10 with --tiny); the unsloth process runs them all, peft-4bit the first two.
+# On a fresh H200 Unsloth's first step compiles for over 100 s and its first float16 model for over 40 s.
+LIMITS = {"steps": 150, "parity": 40, "parity_fp16": 60, "adapter": 30, "over_length": 30, "memory": 80, "timing": 20,
           "vllm": 90}
 VLLM_TINY = memory.Shape(2, 128, 256, 2, 1, 64, 8192, True)
 TINY_MEMORY = {"tiny-a": memory.Shape(2, 256, 1024, 4, 2, 64, 8192, True),
@@ -280,7 +281,7 @@ class Checks:
                              "model_over_measured": round(modelled / measured, 3) if measured else None})
             del policy
             gpu_memory._empty_caches()
-        return {"ok": all(row["model_over_measured"] and row["model_over_measured"] >= 0.8 for row in rows),
+        return {"ok": all(row["model_over_measured"] and 0.8 <= row["model_over_measured"] <= 1.2 for row in rows),
                 "engine": engine, "calls": rows}
 
     def timing(self) -> dict:

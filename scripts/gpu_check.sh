@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# seal-lite's GPU path in one command, for one NVIDIA GPU without network access, in at most about 6 minutes
-# with the wheels' install. Two processes, so Unsloth never patches the peft-4bit one:
-#   unsloth     steps, parity, parity_fp16, adapter, over_length, memory, timing   (at most 270 s)
+# seal-lite's GPU path in one command, for one NVIDIA GPU without network access, in about 8 minutes with the
+# wheels' install (a fresh H200, 2026-12-04: Unsloth's compiles are most of it), at most about 9.5. Two processes,
+# so Unsloth never patches the peft-4bit one; the checks a later one needs, or that matter most, run first:
+#   unsloth     steps, adapter, memory, timing, parity, over_length, parity_fp16   (at most 400 s)
 #   peft-4bit   steps, parity, vllm (skipped without vLLM)                        (at most 150 s)
 # (scripts/gpu_check.py says what each check is.)
 # Each check writes OUT/<backend>-<check>.json the moment it ends ("ok": true/false), each process its whole
@@ -33,7 +34,7 @@ group() {  # group BACKEND SECONDS CHECKS
 }
 
 if "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
-  group unsloth 270 steps,parity,parity_fp16,adapter,over_length,memory,timing
+  group unsloth 400 steps,adapter,memory,timing,parity,over_length,parity_fp16
 else
   echo '{"check": "unsloth", "ok": null, "skipped": "no GPU: Unsloth needs one"}' | tee "$out/unsloth.json"
 fi

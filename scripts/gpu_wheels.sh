@@ -12,13 +12,15 @@ plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platfo
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
           "${plat[@]}" -d .whl "$@"; }
-# the training stack (the versions seal-lite pins) and what Unsloth and trl import beyond the image
+# the training stack (the versions seal-lite pins) and what Unsloth and trl import beyond the image. Left out to stay
+# under the device's 64 MiB carry with the working tree: hf_transfer (3.5 MB; Unsloth only looks for it, and the
+# check runs offline) and pygments (1.3 MB; the image has it)
 get unsloth==2026.10.9 unsloth-zoo==2026.10.9 bitsandbytes==0.50.2 trl==1.14.2 "datasets<5" dill multiprocess tyro \
-  docstring-parser shtab typeguard cut_cross_entropy torchao msgspec hf_transfer structlog json5 nest-asyncio
+  docstring-parser shtab typeguard cut_cross_entropy torchao msgspec structlog json5 nest-asyncio
 # seal-lite's runtime imports on the training path (recipe, store, console, BFCL environment and checker);
 # llama-cpp-python is left out: the checks run without the diagnoser
 get bfcl-eval==2026.3.23 pydantic pydantic-core annotated-types typing-inspection click rich markdown-it-py mdurl \
-  pygments sqlite-utils sqlite-fts4 tabulate click-default-group python-dateutil six pluggy
+  sqlite-utils sqlite-fts4 tabulate click-default-group python-dateutil six pluggy
 # Unsloth's wheel carries an 82 MB web app (studio/) that training never imports: drop it to fit the carry limit.
 w=$(ls .whl/unsloth-2026.10.9-*.whl)
 if python3 -c 'import sys, zipfile; sys.exit(not any(name.startswith("studio/")

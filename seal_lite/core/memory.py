@@ -6,19 +6,25 @@ One generate call over B left-padded rows of width W, making up to N new tokens 
 * the KV cache: B x (W + N) x layers x 2 x kv_heads x head_dim, in the compute dtype;
 * Unsloth only: a second copy of it at the first decode step (its paged decode buffers are filled from the
   prefill cache: unsloth/models/_decode_graphs.py, ``alloc_decode_buffers``);
-* the attention mask of a padded prefill, B x W x W: on transformers' path a bool mask, which torch's SDPA turns
-  into an additive one in the compute dtype inside each layer's attention; on Unsloth's inference path one 16-bit
-  mask (unsloth/models/llama.py builds it with ``_prepare_4d_causal_attention_mask_for_sdpa``);
-* the MLP's intermediates of one layer, ``MLP_COPIES`` x B x W x intermediate_size (freed before the next layer's
-  attention makes its additive mask, so only the larger of the two counts);
-* a few hidden-state-sized tensors (residual, normed input, attention output), ``HIDDEN_COPIES`` x B x W x hidden;
+* the padded prefill's attention mask, B x W x W, for the whole prefill: bool on transformers' path, 16-bit on
+  Unsloth's (unsloth/models/llama.py builds it with ``_prepare_4d_causal_attention_mask_for_sdpa``);
+* a few hidden-state-sized tensors for the whole prefill: ``HIDDEN_COPIES`` x B x W x hidden;
+* then, in each layer, the larger of its attention's and its MLP's transients:
+  - attention, transformers: the additive mask torch's SDPA makes from the bool one, B x W x W in the compute dtype;
+  - attention, Unsloth (unsloth/utils/attention_dispatch.py): a bool keep mask made from the 16-bit one; for
+    cuDNN attention, every tensor padded by 1 to 128 positions (``_cudnn_length_bucketed_sdpa``): a padded bool
+    mask and the additive mask SDPA makes of it; and eight query-sized tensors, B x W x heads x head_dim (the
+    query after RoPE, query, keys and values repeated to every head made contiguous, the three padded, the output);
+  - MLP: ``MLP_COPIES`` x B x W x intermediate (transformers: act(gate), up and their product; Unsloth: gate, up
+    and their product, and two hidden-sized tensors, the down projection's output and the residual beside it);
+* Unsloth only: one projection weight dequantized from 4 bits (its ``fast_dequantize`` scratch);
 * the last position's logits, B x vocab in fp32.
 
-The copy counts come from reading the code paths (Unsloth's ``fast_swiglu_inference`` keeps gate and up alive;
-transformers' MLP keeps act(gate), up and their product). transformers' path runs on a CPU too, where
-tests/real/test_memory.py checks the whole model against measured peaks (benchmarks/memory_model.py); Unsloth's terms
-only a GPU can check (scripts/gpu_check.sh). Pure arithmetic, no torch: the recipes' budgets and docs/gpu.md's
-table come from here.
+Unsloth's terms are read off CUDA's allocator history of real generate calls on an H200 (every live block at the
+peak, by the code that allocated it: benchmarks/gpu_memory_trace.py, benchmarks/results/gpu-check-h200/); the
+model then gave 0.96-1.11 of the measured peaks (benchmarks/RESULTS.md). transformers' path runs on a CPU too,
+where tests/real/test_memory.py checks the whole model against measured peaks (benchmarks/memory_model.py). Pure
+arithmetic, no torch: the recipes' budgets and docs/gpu.md's table come from here.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ import math
 from dataclasses import dataclass
 
 GIB = 2**30
-MLP_COPIES = {"unsloth": 2, "transformers": 3}
-HIDDEN_COPIES = 4
+MLP_COPIES = 3
+HIDDEN_COPIES = {"unsloth": 3, "transformers": 4}  # Unsloth: embeddings' output, residual, normed input
+CUDNN_BUCKET = 128  # Unsloth pads cuDNN attention's sequence by 1 to this many positions (UNSLOTH_SDPA_CUDNN_BUCKET)
 CUDA_CONTEXT = 0.6 * GIB  # the CUDA context and the kernels' workspaces (an estimate, not measured here)
 NF4_BYTES = 0.5 + 0.127 / 8  # 4 bits per weight, plus double-quantized block scales (~0.127 bits)
 
@@ -92,24 +99,28 @@ def generate_bytes(shape: Shape, rows: int, width: int, new_tokens: int, dtype_b
     """The peak one generate call adds, by term (bytes): ``rows`` left-padded to ``width`` prompt tokens, each
     making up to ``new_tokens``. ``engine``: "unsloth", or "transformers" (the peft backends, GPU or CPU)."""
     kv = rows * (width + new_tokens) * shape.kv_bytes_per_token(dtype_bytes)
-    return {
-        "kv_cache": kv,
-        "kv_copy": kv if engine == "unsloth" else 0,
-        "mask": rows * width * width * (2 if engine == "unsloth" else 1),
-        "mask_in_attention": 0 if engine == "unsloth" else rows * width * width * dtype_bytes,
-        "mlp": MLP_COPIES[engine] * rows * width * shape.intermediate * dtype_bytes,
-        "hidden": HIDDEN_COPIES * rows * width * shape.hidden * dtype_bytes,
-        "logits": rows * shape.vocab * 4,
-    }
+    hidden = rows * width * shape.hidden * dtype_bytes
+    hidden_states = HIDDEN_COPIES[engine] * hidden
+    mlp = MLP_COPIES * rows * width * shape.intermediate * dtype_bytes
+    if engine == "unsloth":
+        padded = width + CUDNN_BUCKET - width % CUDNN_BUCKET
+        query = rows * padded * shape.heads * shape.head_dim * dtype_bytes
+        return {"kv_cache": kv, "kv_copy": kv, "mask": 2 * rows * width * width, "hidden": hidden_states,
+                "attention": rows * width * width + 3 * rows * padded * padded + 8 * query,
+                "mlp": mlp + 2 * hidden, "dequantized": shape.intermediate * shape.hidden * dtype_bytes,
+                "logits": rows * shape.vocab * 4}
+    return {"kv_cache": kv, "kv_copy": 0, "mask": rows * width * width, "hidden": hidden_states,
+            "attention": rows * width * width * dtype_bytes, "mlp": mlp, "dequantized": 0,
+            "logits": rows * shape.vocab * 4}
 
 
 def generate_peak(shape: Shape, rows: int, width: int, new_tokens: int, dtype_bytes: int, engine: str) -> int:
-    """The peak a generate call adds: the prefill's transients on its KV cache (the MLP's or the attention's
-    additive mask, whichever is larger), or at the first decode step the cache with Unsloth's copy of it."""
+    """The peak a generate call adds: the prefill's (its KV cache, mask and hidden states, with one layer's
+    attention or MLP transients, whichever is larger), or at the first decode step the cache with Unsloth's copy."""
     terms = generate_bytes(shape, rows, width, new_tokens, dtype_bytes, engine)
-    prefill = (terms["kv_cache"] + terms["mask"] + terms["hidden"] + terms["logits"]
-               + max(terms["mlp"], terms["mask_in_attention"]))
-    first_decode = terms["kv_cache"] + terms["kv_copy"] + terms["logits"]
+    always = terms["kv_cache"] + terms["dequantized"] + terms["logits"]
+    prefill = always + terms["mask"] + terms["hidden"] + max(terms["attention"], terms["mlp"])
+    first_decode = always + terms["kv_copy"]
     return max(prefill, first_decode)
 
 
@@ -120,8 +131,9 @@ def rollout_token_budget(shape: Shape, card_bytes: float, max_context: int, new_
     grows with width x width, so narrower rows fit at least as many tokens). 0: not even one row fits."""
     free = card_bytes * (1 - headroom) - CUDA_CONTEXT - resident_bytes(shape, dtype_bytes, quantized, lora_rank)
     width = max_context - new_tokens
-    per_row = generate_peak(shape, 1, width, new_tokens, dtype_bytes, engine)
-    return max(0, math.floor(free / per_row)) * max_context
+    fixed = generate_peak(shape, 0, width, new_tokens, dtype_bytes, engine)  # whatever the rows: a dequantized weight
+    per_row = generate_peak(shape, 1, width, new_tokens, dtype_bytes, engine) - fixed
+    return max(0, math.floor((free - fixed) / per_row)) * max_context
 
 
 VLLM_ACTIVATIONS = 1.0 * GIB  # vLLM's own activations and sampler workspace inside its share (an estimate)

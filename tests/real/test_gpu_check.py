@@ -39,7 +39,7 @@ def test_gpu_check_tiny_runs_every_check_and_leaves_one_json_file_each(tmp_path)
     assert long["padded_width"] > long["context"] and long["lora_changed"] > 0
     calls = rows["peft-4bit-memory"]["calls"]
     assert {call["model"] for call in calls} == {"tiny-a", "tiny-b"} and len(calls) >= 4
-    assert all(0.8 <= call["model_over_measured"] <= 1.25 for call in calls), calls
+    assert all(0.8 <= call["model_over_measured"] <= 1.2 for call in calls), calls
     assert rows["peft-4bit-timing"]["decode_ms_per_step"] > 0
     speeds = rows["peft-4bit-vllm"]  # vLLM's CPU build here: the check's code, not a GPU's figures
     assert speeds["vllm_tokens_per_s"] > 0 and speeds["generate_tokens_per_s"] > 0
