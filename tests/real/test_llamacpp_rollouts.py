@@ -54,6 +54,7 @@ def test_each_distinct_prefix_is_read_once_and_each_trajectory_only_what_is_new(
         new = generator.generate([first, third, first, third], 12, 1.0)
         # the prompts' prefix tree (last tokens aside, decoded with the first new ones), then each row's feed
         assert generator.read_tokens == _distinct([first[:-1], third[:-1]]) + sum(len(ids) for ids in new)
+        assert generator.read_aside >= _prefix_length(first, third)  # the shared tool block, in the side context
         assert len({tuple(ids) for ids in new}) > 1  # each row samples from its own generator
 
         generator.read_tokens = 0
@@ -340,8 +341,33 @@ def test_at_most_max_live_episodes_play_and_waiting_ones_take_the_place_of_finis
         generator.close()
     trajectories = [t for group in played for t in group]
     assert generator.calls == 1 and generator.most_live == 3
+    assert generator.read_aside > 0  # the waiting episodes' prompts, read beside nothing else and moved in
     assert all(t.stop_reason is not None for t in trajectories)
     assert sorted(finished) == sorted(task.id for task, _ in pairs)  # each group reported once, when it ended
     prompts = [t.prompt_ids for t in trajectories]
     assert generator.read_tokens == _distinct([p[:-1] for p in prompts]) + sum(len(t.completion_ids) for t in trajectories)
     assert max(_plain_read_gaps(trajectories)) < NEAR_TIE
+
+
+class _NoRoom(LlamaCppGenerator):
+    """The engine with a shared cache that never has contiguous room for cells read aside."""
+
+    def _move(self, source, source_seq, target, target_seq):
+        return target is not self.ctx and super()._move(source, source_seq, target, target_seq)
+
+
+def test_text_read_aside_decodes_as_read_in_the_shared_cache_and_falls_back_when_it_cannot_move_in(smol_tokenizer):
+    """Two prompts, greedy: read in the side context and moved into the shared cache, or (when the move finds no
+    room) read in the shared cache after all, the same tokens are read once and decoded alike."""
+    prompts = _openings(smol_tokenizer, ["multi_turn_base_1", "multi_turn_base_10"])
+    outputs, aside = [], []
+    for engine in (LlamaCppGenerator, _NoRoom):
+        generator = engine(SMOL, smol_tokenizer, n_ctx=4096, n_threads=2)
+        try:
+            outputs.append(generator.generate(prompts, 16, 0.0))
+            assert generator.read_tokens == _distinct([p[:-1] for p in prompts]) + sum(map(len, outputs[-1]))
+            aside.append(generator.read_aside)
+        finally:
+            generator.close()
+    assert aside[0] >= 256 and aside[1] == 0
+    assert _agree_or_near_tie(prompts, outputs[1], outputs[0]) >= 1
