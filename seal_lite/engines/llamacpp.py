@@ -18,10 +18,11 @@ one llama.cpp context with one KV cache shared by all of them (``kv_unified``), 
 
 Attention in a shared cache scans every used cell (skipping other sequences' cells cheaply, but not for free),
 so the engine drops a finished row's entry as soon as a call no longer continues it, and keeps only the few most
-recent shared prefixes, and it reads long new text (a prompt, a long tool result) in a side context that holds
+recent shared prefixes. It reads long new text (a prompt, a long tool result) in a side context that holds
 nothing else: the sequence's cached cells are copied there, the text is read beside them alone, and the cells it
-made are moved into the shared cache (``llama_state_seq_get_data``/``set_data``), where the sequence goes on. The cache holds ``cache_tokens`` cells; rows that would not fit together are played in
-waves. The driver (seal_lite/step/rollout.py) ends a sequence that alone would pass ``n_ctx`` before it gets here.
+made are moved into the shared cache (``llama_state_seq_get_data``/``set_data``), where the sequence goes on.
+The cache holds ``cache_tokens`` cells; rows that would not fit together are played in waves. The driver
+(seal_lite/step/rollout.py) ends a sequence that alone would pass ``n_ctx`` before it gets here.
 
 Sampling is done here (softmax of logits / T, numpy), so the log-probability of every sampled token is known
 exactly; ``sampled_logprobs`` holds them for the last ``generate`` call, aligned with its output. Each row draws
@@ -45,7 +46,7 @@ BATCH_TOKENS = 512  # tokens per llama_decode (llama.cpp's n_batch): prefill chu
 MAX_SEQUENCES = 256  # llama.cpp's own limit on sequence ids in a context (llama_max_parallel_sequences)
 KEPT_PREFIXES = 4  # shared prefixes kept after their rows are gone, for the next call (an evaluation's next tasks)
 MIN_SHARED = 32  # rows sharing fewer new tokens than this read them each (a shared entry costs a sequence id)
-SIDE_READ = 256  # new tokens from which a read goes through the side context (the copies cost about 1 ms per 100)
+SIDE_READ = 256  # new tokens from which a read goes through the side context (moving 5,000 tokens' cells: 0.06 s)
 
 
 @dataclass(eq=False)
@@ -388,7 +389,7 @@ class LlamaCppGenerator:
         if len(tokens) < SIDE_READ or not self.free_seqs or (held and not self._move(self.ctx, entry.seq, self.side, 0)):
             llama_cpp.llama_memory_clear(self.side_memory, True)
             return False
-        aside = _Entry(0, list(entry.tokens), None, 0, shared=False)
+        aside = _Entry(seq=0, tokens=list(entry.tokens), parent=None, own_from=0, shared=False)
         for start in range(0, len(tokens), BATCH_TOKENS):
             self._run([(aside, token, False) for token in tokens[start : start + BATCH_TOKENS]], self.side)
         llama_cpp.llama_memory_seq_rm(self.side_memory, 0, 0, held)  # only the new cells go back
