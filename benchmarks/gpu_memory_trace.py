@@ -94,17 +94,16 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp())
     engine = "unsloth" if args.backend == "unsloth" else "transformers"
-    loaded = {}
+    loaded, policy = None, None
     for name, rows, width in CALLS:
         shape = dataclasses.replace(memory.KNOWN_SHAPES[name], layers=args.layers)
-        if name not in loaded:
-            loaded.clear()
+        if name != loaded:  # one model at a time on the card: CALLS lists each model's calls together
+            del policy
             gpu_memory._empty_caches()
             model_dir = gpu_memory.random_model_dir(shape, str(work / name.replace("/", "-")))
             recipe = gpu_check.check_recipe(model_dir, args.backend, False, **{
                 "rollout.max_context_tokens": 16384, "rollout.max_new_tokens": 16})
-            loaded[name] = load_policy(model_dir, recipe)
-        policy = loaded[name]
+            loaded, policy = name, load_policy(model_dir, recipe)
         terms = memory.generate_bytes(shape, rows, width, 16, policy.dtype.itemsize, engine)
         modelled = memory.generate_peak(shape, rows, width, 16, policy.dtype.itemsize, engine)
         for attempt in range(2 if args.repeat else 1):

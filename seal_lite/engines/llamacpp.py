@@ -385,8 +385,10 @@ class LlamaCppGenerator:
         0.06 s). False, with nothing changed, for short text or when the shared cache has no contiguous room."""
         import llama_cpp
 
+        if len(tokens) < SIDE_READ or not self.free_seqs:
+            return False
         held = len(entry.tokens)
-        if len(tokens) < SIDE_READ or not self.free_seqs or (held and not self._move(self.ctx, entry.seq, self.side, 0)):
+        if held and not self._move(self.ctx, entry.seq, self.side, 0):
             llama_cpp.llama_memory_clear(self.side_memory, True)
             return False
         aside = _Entry(seq=0, tokens=list(entry.tokens), parent=None, own_from=0, shared=False)
