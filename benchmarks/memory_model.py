@@ -1,9 +1,10 @@
 """The memory model (seal_lite/core/memory.py) against measured peaks on this CPU, and its table for GPU cards.
 
-    python benchmarks/memory_model.py --cpu-check          # measured vs modelled generate peaks, two shapes
+    python benchmarks/memory_model.py --cpu-check          # measured vs modelled generate peaks
     python benchmarks/memory_model.py --table              # rollout token budgets of the GPU recipes' models
 
 The CPU check builds randomly initialised 2-layer models of two real widths (Qwen2.5-0.5B's and SmolLM2-135M's),
+and the first again with peft's LoRA on every projection (the model's "peft" engine, as the peft backends generate),
 runs one left-padded transformers ``generate`` per rows x width, and reads the process's peak resident memory
 above what it held before (Linux: /proc/self/clear_refs resets the peak). glibc is told to hand every large
 block back to the system at once (MALLOC_MMAP_THRESHOLD_), so the resident size follows what torch allocates;
@@ -31,6 +32,7 @@ CPU_SHAPES = {  # real widths, 2 layers (the peak of one call does not grow with
 }
 CPU_CASES = [(1, 1024), (4, 512), (2, 2048), (8, 1024), (4, 2048)]  # (rows, width)
 NARROW_CASES = [(2, 2048), (2, 4096), (4, 4096)]
+LORA_CASES = [(4, 512), (2, 2048), (4, 2048)]  # Qwen2.5-0.5B's widths through peft's LoRA layers, as the peft backends
 NEW_TOKENS = 4
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
@@ -64,18 +66,24 @@ def cpu_check(dtype_name: str, cases=CPU_CASES) -> list[dict]:
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     dtype = getattr(torch, dtype_name)
     rows_out = []
-    for name, shape in CPU_SHAPES.items():
+    runs = [(name, shape, False, NARROW_CASES if name == "narrow" else cases) for name, shape in CPU_SHAPES.items()]
+    runs.append(("qwen2.5-0.5b-width", CPU_SHAPES["qwen2.5-0.5b-width"], True, LORA_CASES))
+    for name, shape, lora, shape_cases in runs:
         torch.manual_seed(0)
         config = Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
                              num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
                              num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
                              max_position_embeddings=32768, tie_word_embeddings=shape.tied_embeddings)
         model = Qwen2ForCausalLM(config).to(dtype).eval()
+        if lora:  # as seal-lite's lora_config: every projection, the adapter in fp32 whatever the model's dtype
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")).eval()
         _generate(model, 1, 16)  # warm-up: the first call's one-off allocations are not the generate peak
-        for rows, width in NARROW_CASES if name == "narrow" else cases:
+        for rows, width in shape_cases:
             peak = measured_peak(functools.partial(_generate, model, rows, width))
-            model_peak = generate_peak(shape, rows, width, NEW_TOKENS, dtype.itemsize, "transformers")
-            rows_out.append({"shape": name, "dtype": dtype_name, "rows": rows, "width": width,
+            model_peak = generate_peak(shape, rows, width, NEW_TOKENS, dtype.itemsize, "peft" if lora else "transformers")
+            rows_out.append({"shape": name + ("+lora" if lora else ""), "dtype": dtype_name, "rows": rows, "width": width,
                              "measured_mib": round(peak / 2**20, 1), "model_mib": round(model_peak / 2**20, 1),
                              "ratio": round(model_peak / peak, 3)})
             print(json.dumps(rows_out[-1]), flush=True)
@@ -99,7 +107,7 @@ def table(cards_gb=(15, 24, 48, 80), contexts=(8192, 16384), new_tokens=512, lor
     """Rollout token budgets (and rows of the widest context) per card, model, engine and context."""
     out = []
     for model, shape in KNOWN_SHAPES.items():
-        for engine in ("unsloth", "transformers"):
+        for engine in ("unsloth", "peft"):  # a run's rollouts on each GPU backend
             for context in contexts:
                 for card in cards_gb:
                     dtype_bytes = 2

@@ -17,6 +17,11 @@ The checks, each against what can break on a GPU (docs/gpu.md):
                 LoRA moves and the loss is finite, no row is cut
   memory        one generate call per recipe chunk at the recipes' budgets, rows of mixed lengths, on
                 layer-truncated models of the real widths (Qwen2.5-3B and 7B), peak against seal_lite/core/memory.py
+  fit_t4, fit_24gb, fit_80gb
+                a GPU recipe's widest generate call (every row at the context's width, as many as its token
+                budget allows) on a full-depth model of its real shape, in a process capped to the recipe's card
+                (colab-t4 15 GiB in float16, gpu-24gb 24, paper-qwen2.5-7b 80) less the CUDA context, with room
+                taken for the LoRA's gradients and Adam moments: it must not run out of memory
   timing        one sample: 4 rows x 2k-token prompts, 64 new tokens; seconds and ms per decode step
   vllm          rollout.backend vllm against transformers generate: 8 rows sharing a 4k-token prompt (a task's G
                 episodes), 128 new tokens each; seconds and tokens/s of both, and the memory vLLM takes (skipped
@@ -53,7 +58,10 @@ TASKS = ["multi_turn_base_0", "multi_turn_base_1"]
 # seconds each check may take on a GPU (x10 with --tiny); the unsloth process runs them all, peft-4bit the first two.
 # On a fresh H200 Unsloth's first step compiles for over 100 s and its first float16 model for over 40 s.
 LIMITS = {"steps": 150, "parity": 40, "parity_fp16": 60, "adapter": 30, "over_length": 30, "memory": 80, "timing": 20,
-          "vllm": 90}
+          "fit_t4": 120, "fit_24gb": 150, "fit_80gb": 150, "vllm": 90}
+# fit checks: recipe, card (GiB), policy.dtype (a T4 computes in float16)
+FITS = {"fit_t4": ("colab-t4", 15, "float16"), "fit_24gb": ("gpu-24gb", 24, "auto"),
+        "fit_80gb": ("paper-qwen2.5-7b", 80, "auto")}
 VLLM_TINY = memory.Shape(2, 128, 256, 2, 1, 64, 8192, True)
 TINY_MEMORY = {"tiny-a": memory.Shape(2, 256, 1024, 4, 2, 64, 8192, True),
                "tiny-b": memory.Shape(2, 192, 512, 3, 1, 64, 8192, True)}
@@ -256,7 +264,7 @@ class Checks:
         from seal_lite.step.rollout import generation_chunks
 
         cuda = torch.cuda.is_available()
-        engine = "unsloth" if self.backend == "unsloth" else "transformers"
+        engine = self._engine()
         cases = ([("tiny-a", 2048, 8192), ("tiny-b", 2048, 8192)] if self.tiny else
                  [("Qwen/Qwen2.5-3B-Instruct", 16384, 81920), ("Qwen/Qwen2.5-7B-Instruct", 16384, 65536)])
         rows = []
@@ -283,6 +291,83 @@ class Checks:
             gpu_memory._empty_caches()
         return {"ok": all(row["model_over_measured"] and 0.8 <= row["model_over_measured"] <= 1.2 for row in rows),
                 "engine": engine, "calls": rows}
+
+    def fit_t4(self) -> dict:
+        return self._fit(*FITS["fit_t4"])
+
+    def fit_24gb(self) -> dict:
+        return self._fit(*FITS["fit_24gb"])
+
+    def fit_80gb(self) -> dict:
+        return self._fit(*FITS["fit_80gb"])
+
+    def _fit(self, name: str, card_gb: int, dtype: str) -> dict:
+        """The recipe's widest generate call at full depth under its card's memory. --tiny: the plumbing only, a
+        2-layer model at a 2,048-token context with the recipe's rows per call, uncapped."""
+        import torch
+
+        from seal_lite.core.recipe import load_recipe
+        from seal_lite.engines.policy import load_policy
+        from seal_lite.step.rollout import generation_chunks
+
+        cuda = torch.cuda.is_available()
+        path = ROOT / "recipes" / f"{name}.yaml"
+        rollout = load_recipe(path).rollout
+        rows_per_call = rollout.generation_token_budget // rollout.max_context_tokens
+        shape = TINY_MEMORY["tiny-a"] if self.tiny else memory.KNOWN_SHAPES[load_recipe(path).policy.model]
+        model_dir = self._full_model_dir(shape)
+        context, new = (2048, 16) if self.tiny else (rollout.max_context_tokens, rollout.max_new_tokens)
+        recipe = load_recipe(path, {
+            "policy.model": model_dir, "policy.backend": self.backend, "policy.dtype": dtype if cuda else "float32",
+            "policy.device": "gpu" if cuda else "auto", "rollout.backend": "transformers", "diagnoser.mode": "off",
+            "rollout.max_context_tokens": context, "rollout.max_new_tokens": new,
+            "rollout.generation_token_budget": rows_per_call * context})
+        cap = card_gb * memory.GIB - memory.CUDA_CONTEXT  # the CUDA context lies outside the allocator's cap
+        if cuda:
+            gpu_memory._empty_caches()
+            torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory, 0)
+        try:
+            policy = load_policy(model_dir, recipe)
+            engine = "unsloth" if self.backend == "unsloth" else "peft"  # generate through the LoRA, as a run does
+            if policy.peft_config is not None:  # peft's backends: the trainer adds the LoRA, here before it does
+                from peft import get_peft_model
+
+                policy.model = get_peft_model(policy.model, policy.peft_config)
+            lora = sum(p.numel() for name, p in policy.model.named_parameters() if "lora_" in name)
+            optimizer_state = torch.empty(3 * lora, dtype=torch.float32, device=policy.model.device)  # grads, Adam
+            width = context - new  # a row as wide as a prompt may be
+            episodes = [SimpleNamespace(conversation=SimpleNamespace(ids=range(width)))] * (rows_per_call + 1)
+            rows = len(generation_chunks(episodes, recipe.rollout)[0])
+            resident = torch.cuda.memory_allocated() if cuda else None
+            try:
+                peak = _generate_peak(policy, rows, width, 16, cuda)  # 16 new tokens: the prefill is the peak
+                error = None
+            except torch.OutOfMemoryError as out_of_memory:
+                peak, error = None, str(out_of_memory)[:300]
+            total = torch.cuda.max_memory_allocated() if cuda else None
+            modelled = (memory.resident_bytes(shape, policy.dtype.itemsize, True, recipe.policy.lora_r)
+                        + memory.generate_peak(shape, rows, width, 16, policy.dtype.itemsize, engine))
+            del policy, optimizer_state
+        finally:
+            gpu_memory._empty_caches()
+            if cuda:
+                torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        return {"ok": error is None, "recipe": name, "layers": shape.layers, "rows": rows, "width": width,
+                "card_gb": card_gb, "cap_gb": _gib(cap) if cuda else None, "resident_gb": _gib(resident),
+                "call_gb": _gib(peak), "peak_gb": _gib(total), "model_gb": _gib(modelled),
+                "model_over_measured": round(modelled / total, 3) if total else None, "error": error}
+
+    def _full_model_dir(self, shape: memory.Shape) -> str:
+        """One random model directory per shape, shared by the fit checks (a 7B one is 15 GB)."""
+        directory = self.work / f"full-{shape.layers}-{shape.hidden}"
+        if not directory.exists():
+            if self.backend == "unsloth":
+                import unsloth  # noqa: F401  (first, as in model_dir)
+            gpu_memory.random_model_dir(shape, str(directory))
+        return str(directory)
+
+    def _engine(self) -> str:  # the memory model's name for a bare model of this backend (no LoRA yet)
+        return "unsloth" if self.backend == "unsloth" else "transformers"
 
     def timing(self) -> dict:
         import torch
@@ -400,6 +485,10 @@ def _generate_peak(policy, rows: int, width: int, new: int, cuda: bool) -> int:
     before = torch.cuda.memory_allocated()
     call()
     return torch.cuda.max_memory_allocated() - before
+
+
+def _gib(size: int | None) -> float | None:
+    return None if size is None else round(size / memory.GIB, 3)
 
 
 def _peak_gb(torch) -> float | None:

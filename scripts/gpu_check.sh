@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# seal-lite's GPU path in one command, for one NVIDIA GPU without network access, in about 8 minutes with the
-# wheels' install (a fresh H200, 2026-12-04: Unsloth's compiles are most of it), at most about 9.5. Two processes,
-# so Unsloth never patches the peft-4bit one; the checks a later one needs, or that matter most, run first:
-#   unsloth     steps, adapter, memory, timing, parity, over_length, parity_fp16   (at most 400 s)
-#   peft-4bit   steps, parity, vllm (skipped without vLLM)                        (at most 150 s)
-# (scripts/gpu_check.py says what each check is.)
+# seal-lite's GPU path in one command, for one NVIDIA GPU without network access, in about 7.5 minutes with the
+# wheels' install (a fresh H200, 2026-12-04: 6 minutes without the fit checks; Unsloth's compiles are most of it),
+# at most about 9.7. Two processes, so Unsloth never patches the peft-4bit one; the checks a later one needs, or
+# that matter most, run first:
+#   unsloth     steps, adapter, memory, timing, parity, over_length, parity_fp16, fit_t4   (at most 450 s)
+#   peft-4bit   steps, parity, fit_24gb, vllm (skipped without vLLM)                      (at most 130 s)
+# (scripts/gpu_check.py says what each check is; the other fit checks, fit_80gb and each backend's remaining
+# ones, run alone: python3 scripts/gpu_check.py --backend unsloth --checks fit_24gb,fit_80gb --out OUT)
 # Each check writes OUT/<backend>-<check>.json the moment it ends ("ok": true/false), each process its whole
 # output to OUT/<backend>.log (Unsloth prints banners on stdout); at the end the JSON lines are printed together.
 # A process over its limit is stopped; the checks it finished keep their files. Bring the wheels first:
@@ -34,9 +36,9 @@ group() {  # group BACKEND SECONDS CHECKS
 }
 
 if "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
-  group unsloth 400 steps,adapter,memory,timing,parity,over_length,parity_fp16
+  group unsloth 450 steps,adapter,memory,timing,parity,over_length,parity_fp16,fit_t4
 else
   echo '{"check": "unsloth", "ok": null, "skipped": "no GPU: Unsloth needs one"}' | tee "$out/unsloth.json"
 fi
-group peft-4bit 150 steps,parity$([ ${#tiny[@]} = 1 ] && echo ",parity_fp16,adapter,over_length,memory,timing"),vllm
+group peft-4bit 130 steps,parity$([ ${#tiny[@]} = 1 ] && echo ",parity_fp16,adapter,over_length,memory,timing"),fit_24gb,vllm
 exit $failed

@@ -223,14 +223,15 @@ def update_passes(recipe) -> int:
 
 
 def card_budget(recipe, shape, card: Card) -> int:
-    """Padded tokens one generate call may hold on ``card`` by the memory model (the smaller engine's, 512 new
-    tokens, as docs/gpu.md's table), never more than the recipe's own budget."""
+    """Padded tokens one generate call may hold on ``card`` by the memory model (the smaller engine's, at the
+    recipe's own new tokens a message), never more than the recipe's own budget."""
     from seal_lite.core.memory import GIB, rollout_token_budget
 
-    fits = min(rollout_token_budget(shape, card.memory_gb * GIB, recipe.rollout.max_context_tokens, 512, 2, engine,
+    rollout = recipe.rollout
+    fits = min(rollout_token_budget(shape, card.memory_gb * GIB, rollout.max_context_tokens, rollout.max_new_tokens, 2, engine,
                                     quantized=True, lora_rank=recipe.policy.lora_r)
-               for engine in ("unsloth", "transformers"))
-    return min(fits, recipe.rollout.generation_token_budget or fits)
+               for engine in ("unsloth", "peft"))
+    return min(fits, rollout.generation_token_budget or fits)
 
 
 def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_steps: int,

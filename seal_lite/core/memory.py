@@ -17,12 +17,17 @@ One generate call over B left-padded rows of width W, making up to N new tokens 
     query after RoPE, query, keys and values repeated to every head made contiguous, the three padded, the output);
   - MLP: ``MLP_COPIES`` x B x W x intermediate (transformers: act(gate), up and their product; Unsloth: gate, up
     and their product, and two hidden-sized tensors, the down projection's output and the residual beside it);
+    through peft's LoRA layers (the peft backends' policy: its LoRA weights are fp32) the up projection holds more:
+    act(gate) and its own output in the compute dtype, LoRA B's output and its scaled copy in fp32, and the input
+    cast to fp32 (peft/tuners/lora/bnb.py, ``Linear4bit.forward``), B x W x (intermediate x (2 x dtype + 8) + hidden
+    x 4) bytes;
 * Unsloth only: one projection weight dequantized from 4 bits (its ``fast_dequantize`` scratch);
 * the last position's logits, B x vocab in fp32.
 
 Unsloth's terms are read off CUDA's allocator history of real generate calls on an H200 (every live block at the
 peak, by the code that allocated it: benchmarks/gpu_memory_trace.py, benchmarks/results/gpu-check-h200/); the
-model then gave 0.96-1.11 of the measured peaks (benchmarks/RESULTS.md). transformers' path runs on a CPU too,
+model then gave 0.96-1.11 of the measured peaks (benchmarks/RESULTS.md), and peft's 0.98-1.01 of full-depth calls at
+the GPU recipes' widths (``scripts/gpu_check.py``'s fit checks). transformers' path runs on a CPU too,
 where tests/real/test_memory.py checks the whole model against measured peaks (benchmarks/memory_model.py). Pure
 arithmetic, no torch: the recipes' budgets and docs/gpu.md's table come from here.
 """
@@ -34,7 +39,9 @@ from dataclasses import dataclass
 
 GIB = 2**30
 MLP_COPIES = 3
-HIDDEN_COPIES = {"unsloth": 3, "transformers": 4}  # Unsloth: embeddings' output, residual, normed input
+# The engines: "unsloth"; "peft", transformers generate through peft's LoRA layers (the peft backends' rollouts, an
+# evaluation with an adapter); "transformers", a bare model (a base-model evaluation)
+HIDDEN_COPIES = {"unsloth": 3, "peft": 4, "transformers": 4}  # Unsloth: embeddings' output, residual, normed input
 CUDNN_BUCKET = 128  # Unsloth pads cuDNN attention's sequence by 1 to this many positions (UNSLOTH_SDPA_CUDNN_BUCKET)
 CUDA_CONTEXT = 0.6 * GIB  # the CUDA context and the kernels' workspaces (an estimate, not measured here)
 NF4_BYTES = 0.5 + 0.127 / 8  # 4 bits per weight, plus double-quantized block scales (~0.127 bits)
@@ -97,7 +104,7 @@ def resident_bytes(shape: Shape, dtype_bytes: int, quantized: bool, lora_rank: i
 
 def generate_bytes(shape: Shape, rows: int, width: int, new_tokens: int, dtype_bytes: int, engine: str) -> dict:
     """The peak one generate call adds, by term (bytes): ``rows`` left-padded to ``width`` prompt tokens, each
-    making up to ``new_tokens``. ``engine``: "unsloth", or "transformers" (the peft backends, GPU or CPU)."""
+    making up to ``new_tokens``. ``engine``: "unsloth", "peft" or "transformers" (``HIDDEN_COPIES``)."""
     kv = rows * (width + new_tokens) * shape.kv_bytes_per_token(dtype_bytes)
     hidden = rows * width * shape.hidden * dtype_bytes
     hidden_states = HIDDEN_COPIES[engine] * hidden
@@ -109,6 +116,9 @@ def generate_bytes(shape: Shape, rows: int, width: int, new_tokens: int, dtype_b
                 "attention": rows * width * width + 3 * rows * padded * padded + 8 * query,
                 "mlp": mlp + 2 * hidden, "dequantized": shape.intermediate * shape.hidden * dtype_bytes,
                 "logits": rows * shape.vocab * 4}
+    if engine == "peft":
+        cast = 4 if dtype_bytes < 4 else 0  # the input to LoRA A, unless it is fp32 already
+        mlp = rows * width * (shape.intermediate * (2 * dtype_bytes + 8) + shape.hidden * cast)
     return {"kv_cache": kv, "kv_copy": 0, "mask": rows * width * width, "hidden": hidden_states,
             "attention": rows * width * width * dtype_bytes, "mlp": mlp, "dequantized": 0,
             "logits": rows * shape.vocab * 4}

@@ -20,7 +20,7 @@ def test_gpu_check_tiny_runs_every_check_and_leaves_one_json_file_each(tmp_path)
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "--tiny"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=1200, check=False)  # a failed check must show its JSON line
     rows = {row["check"]: row for row in map(json.loads, done.stdout.splitlines())}
-    checks = ["steps", "parity", "parity_fp16", "adapter", "over_length", "memory", "timing", "vllm"]
+    checks = ["steps", "parity", "parity_fp16", "adapter", "over_length", "memory", "timing", "fit_24gb", "vllm"]
     assert list(rows) == ["unsloth"] + [f"peft-4bit-{check}" for check in checks], done.stdout + done.stderr
     log = (tmp_path / "peft-4bit.log").read_text()
     assert done.returncode == 0, done.stdout + log[-3000:]
@@ -41,6 +41,8 @@ def test_gpu_check_tiny_runs_every_check_and_leaves_one_json_file_each(tmp_path)
     assert {call["model"] for call in calls} == {"tiny-a", "tiny-b"} and len(calls) >= 4
     assert all(0.8 <= call["model_over_measured"] <= 1.2 for call in calls), calls
     assert rows["peft-4bit-timing"]["decode_ms_per_step"] > 0
+    fit = rows["peft-4bit-fit_24gb"]  # the recipe's rows per call (its budget over its context), 2,048 wide here
+    assert fit["recipe"] == "gpu-24gb" and fit["rows"] == 2 and fit["width"] == 2032 and fit["call_gb"] > 0
     speeds = rows["peft-4bit-vllm"]  # vLLM's CPU build here: the check's code, not a GPU's figures
     assert speeds["vllm_tokens_per_s"] > 0 and speeds["generate_tokens_per_s"] > 0
     assert speeds["prompt_tokens_cached"] > 0  # the episodes of the group shared their prompt

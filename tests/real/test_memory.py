@@ -11,7 +11,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from seal_lite.core.memory import GIB, KNOWN_SHAPES, Shape, generate_bytes, generate_peak, rollout_token_budget
+from seal_lite.core.memory import (
+    GIB,
+    KNOWN_SHAPES,
+    Shape,
+    generate_bytes,
+    generate_peak,
+    resident_bytes,
+    rollout_token_budget,
+)
 from seal_lite.core.recipe import load_recipe
 from seal_lite.step.rollout import generation_chunks
 
@@ -59,14 +67,49 @@ def test_the_models_unsloth_peaks_are_within_20_percent_of_those_measured_on_an_
         assert 0.8 <= modelled / call["measured_gb"] <= 1.2, call
 
 
+def test_the_models_bare_transformers_peaks_are_within_20_percent_of_those_measured_on_an_h200():
+    """The same calls on bitsandbytes without Unsloth and without a LoRA (benchmarks/gpu_memory_trace.py
+    --backend peft-4bit, 4-layer models): the model's "transformers" engine."""
+    path = ROOT / "benchmarks" / "results" / "gpu-check-h200" / "memory_trace_peft-4bit.jsonl"
+    calls = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(calls) == 3
+    for call in calls:
+        shape = dataclasses.replace(KNOWN_SHAPES[call["model"]], layers=call["layers"])
+        modelled = generate_peak(shape, call["rows"], call["width"], 16, 2, "transformers") / GIB
+        assert 0.8 <= modelled / call["measured_gb"] <= 1.2, call
+
+
+def test_the_model_foretells_which_full_depth_recipe_calls_fitted_their_card_on_an_h200():
+    """scripts/gpu_check.py's fit checks on an H200 (2026-12-04): each GPU recipe's widest generate call, every row
+    at the context's width, at full depth through the LoRA, under a cap of the recipe's card. Where a call ran, the
+    model's total (resident part and call) is within 10% of the measured peak; where it ran out of memory, bitsandbytes
+    without Unsloth at gpu-24gb's and the paper recipe's budgets then, the model says it exceeds the cap. The model
+    before it (no LoRA terms) gave 0.71 of the measured peak and foretold both fits."""
+    records = sorted((ROOT / "benchmarks" / "results" / "gpu-check-h200" / "fit").glob("*.json"))
+    assert len(records) == 6
+    outcomes = []
+    for record in map(json.loads, (path.read_text() for path in records)):
+        shape = KNOWN_SHAPES[load_recipe(ROOT / "recipes" / f"{record['recipe']}.yaml").policy.model]
+        engine = "unsloth" if record["check"].startswith("unsloth") else "peft"
+        resident = resident_bytes(shape, 2, quantized=True, lora_rank=16)
+        total = (resident + generate_peak(shape, record["rows"], record["width"], 16, 2, engine)) / GIB
+        if record["ok"]:
+            assert 0.9 <= total / record["peak_gb"] <= 1.1, record
+        else:
+            assert total > record["cap_gb"] and "out of memory" in record["error"], record
+        outcomes.append((record["check"], record["ok"]))
+    assert sorted(check for check, ok in outcomes if not ok) == ["peft-4bit-fit_24gb", "peft-4bit-fit_80gb"]
+
+
 def test_the_models_generate_peaks_are_within_20_percent_of_measured_ones_on_this_cpu():
-    """Two real widths (Qwen2.5-0.5B's, SmolLM2-135M's), five rows x width each, fp32 (the same kernels on every
-    x86 CPU); benchmarks/memory_model.py measures the peak resident memory of one left-padded generate call."""
+    """Two real widths (Qwen2.5-0.5B's, SmolLM2-135M's), five rows x width each, the first also through peft's LoRA
+    (three), and a narrow model whose padded mask is nearly all its peak, fp32 (the same kernels on every x86 CPU);
+    benchmarks/memory_model.py measures the peak resident memory of one left-padded generate call."""
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory_model.py"), "--cpu-check"],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 13 and len({row["shape"] for row in rows}) == 3
+    assert len(rows) == 16 and len({row["shape"] for row in rows}) == 4
     for row in rows:
         assert 0.8 <= row["ratio"] <= 1.2, row
 
@@ -75,7 +118,7 @@ def test_the_models_generate_peaks_are_within_20_percent_of_measured_ones_on_thi
 def test_each_gpu_recipes_generate_calls_fit_its_card_with_10_percent_free(name):
     recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml")
     shape, rollout = KNOWN_SHAPES[recipe.policy.model], recipe.rollout
-    for engine in ("unsloth", "transformers"):  # auto picks Unsloth where it imports, else bitsandbytes
+    for engine in ("unsloth", "peft"):  # auto picks Unsloth where it imports, else bitsandbytes (through peft)
         fits = rollout_token_budget(shape, GPU_RECIPES[name] * GIB, rollout.max_context_tokens, rollout.max_new_tokens,
                                     2, engine, quantized=True, lora_rank=recipe.policy.lora_r)
         assert rollout.max_context_tokens <= rollout.generation_token_budget <= fits, engine

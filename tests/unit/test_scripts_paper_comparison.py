@@ -93,7 +93,7 @@ def test_the_plan_for_the_paper_recipe():
 
     shape = KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"]
     budgets = {card.memory_gb: script.card_budget(recipe, shape, card) for card in script.CARDS}
-    assert budgets == {80: 294_912, 48: 163_840, 24: 65_536, 15: 16_384}  # docs/gpu.md, the smaller engine's
+    assert budgets == {80: 212_992, 48: 114_688, 24: 49_152, 15: 16_384}  # the smaller engine's, 1024 new tokens
     assert recipe.rollout.generation_token_budget == budgets[80]
 
     bound = script.budget_episode(recipe.rollout, 4946)
@@ -105,7 +105,7 @@ def test_the_plan_for_the_paper_recipe():
 
     design = script.plan(3, [])
     a100 = design["cards"][0]
-    assert a100["card"].name == "A100 80GB" and a100["rows"] == 18
+    assert a100["card"].name == "A100 80GB" and a100["rows"] == 13
     for case in a100["cases"].values():
         run, evaluated = case["run"], case["evaluation"]
         assert run["steps"] == 72 and run["trajectories"] == 72 * 32 * 8
@@ -138,7 +138,7 @@ def test_the_plan_prints_cost_and_power_and_says_what_three_seeds_cannot_do(caps
     script = _script()
     script.print_plan(script.plan(3, []))
     text = capsys.readouterr().out
-    assert "ESTIMATED GPU hours" in text and "assumptions" in text and "| A100 80GB (80 GB) | 294,912 (18) |" in text
+    assert "ESTIMATED GPU hours" in text and "assumptions" in text and "| A100 80GB (80 GB) | 212,992 (13) |" in text
     assert "2/8 = 0.25, so it can never reach 0.05" in text and "6 pairs is the fewest" in text
     assert "+9.5" in text and "72 steps x 32 tasks x G = 8 = 18,432 episodes" in text
     assert "| T4 (15 GB) | generate only: older than Ampere |" in text and "| rollout.vllm_memory (KV tokens) |" in text
