@@ -15,8 +15,9 @@ The checks, each against what can break on a GPU (docs/gpu.md):
                 trained (on Unsloth the policy already has its own LoRA)
   over_length   an update on rows padded wider than the context (a long prompt beside a long completion): the
                 LoRA moves and the loss is finite, no row is cut
-  memory        one generate call per recipe chunk at the recipes' budgets, rows of mixed lengths, on
-                layer-truncated models of the real widths (Qwen2.5-3B and 7B), peak against seal_lite/core/memory.py
+  memory        one generate call per chunk of a round at 81,920 and 65,536 padded tokens, rows of mixed lengths,
+                on layer-truncated models of the real widths (Qwen2.5-3B and 7B), no LoRA, peak against
+                seal_lite/core/memory.py
   fit_t4, fit_24gb, fit_80gb
                 a GPU recipe's widest generate call (every row at the context's width, as many as its token
                 budget allows) on a full-depth model of its real shape, in a process capped to the recipe's card
@@ -55,7 +56,7 @@ import memory_model  # noqa: E402
 from seal_lite.core import memory  # noqa: E402
 
 TASKS = ["multi_turn_base_0", "multi_turn_base_1"]
-# seconds each check may take on a GPU (x10 with --tiny); the unsloth process runs them all, peft-4bit the first two.
+# seconds each check may take on a GPU (x10 with --tiny); scripts/gpu_check.sh says which process runs which.
 # On a fresh H200 Unsloth's first step compiles for over 100 s and its first float16 model for over 40 s.
 LIMITS = {"steps": 150, "parity": 40, "parity_fp16": 60, "adapter": 30, "over_length": 30, "memory": 80, "timing": 20,
           "fit_t4": 120, "fit_24gb": 150, "fit_80gb": 150, "vllm": 90}
@@ -264,7 +265,7 @@ class Checks:
         from seal_lite.step.rollout import generation_chunks
 
         cuda = torch.cuda.is_available()
-        engine = self._engine()
+        engine = "unsloth" if self.backend == "unsloth" else "transformers"  # a bare model: no LoRA added
         cases = ([("tiny-a", 2048, 8192), ("tiny-b", 2048, 8192)] if self.tiny else
                  [("Qwen/Qwen2.5-3B-Instruct", 16384, 81920), ("Qwen/Qwen2.5-7B-Instruct", 16384, 65536)])
         rows = []
@@ -365,9 +366,6 @@ class Checks:
                 import unsloth  # noqa: F401  (first, as in model_dir)
             gpu_memory.random_model_dir(shape, str(directory))
         return str(directory)
-
-    def _engine(self) -> str:  # the memory model's name for a bare model of this backend (no LoRA yet)
-        return "unsloth" if self.backend == "unsloth" else "transformers"
 
     def timing(self) -> dict:
         import torch
