@@ -32,7 +32,7 @@ CPU_SHAPES = {  # real widths, 2 layers (the peak of one call does not grow with
 }
 CPU_CASES = [(1, 1024), (4, 512), (2, 2048), (8, 1024), (4, 2048)]  # (rows, width)
 NARROW_CASES = [(2, 2048), (2, 4096), (4, 4096)]
-LORA_CASES = [(4, 512), (2, 2048), (4, 2048)]  # Qwen2.5-0.5B's widths through peft's LoRA layers, as the peft backends
+LORA_CASES = [(4, 512), (2, 2048), (4, 2048)]  # Qwen2.5-0.5B's widths through peft's LoRA, as the peft backends run
 NEW_TOKENS = 4
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
