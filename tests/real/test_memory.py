@@ -53,29 +53,26 @@ def test_kv_cache_per_token_of_the_gpu_models():
         assert terms["kv_cache"] == terms["kv_copy"] == kib * 1024  # and Unsloth's copy of it
 
 
-def test_the_models_unsloth_peaks_are_within_20_percent_of_those_measured_on_an_h200():
-    """The peaks CUDA's allocator measured on an H200 (2026-12-04) for one Unsloth generate call each, 4-layer models
-    of Qwen2.5-3B's and 7B's widths, bf16: scripts/gpu_check.sh's memory check (rows of a recipe's chunks) and
-    benchmarks/gpu_memory_trace.py's calls. The model before them missed the widest calls by a third (0.66)."""
-    results = ROOT / "benchmarks" / "results" / "gpu-check-h200"
-    calls = json.loads((results / "run2" / "unsloth-memory.json").read_text())["calls"]
-    calls += [json.loads(line) for line in (results / "memory_trace.jsonl").read_text().splitlines()]
-    assert len(calls) == 10
-    for call in calls:
-        shape = dataclasses.replace(KNOWN_SHAPES[call["model"]], layers=call["layers"])
-        modelled = generate_peak(shape, call["rows"], call["width"], 16, 2, "unsloth") / GIB
-        assert 0.8 <= modelled / call["measured_gb"] <= 1.2, call
+H200 = ROOT / "benchmarks" / "results" / "gpu-check-h200"
 
 
-def test_the_models_bare_transformers_peaks_are_within_20_percent_of_those_measured_on_an_h200():
-    """The same calls on bitsandbytes without Unsloth and without a LoRA (benchmarks/gpu_memory_trace.py
-    --backend peft-4bit, 4-layer models): the model's "transformers" engine."""
-    path = ROOT / "benchmarks" / "results" / "gpu-check-h200" / "memory_trace_peft-4bit.jsonl"
-    calls = [json.loads(line) for line in path.read_text().splitlines()]
-    assert len(calls) == 3
-    for call in calls:
+def _h200_calls(engine: str) -> list[dict]:
+    if engine == "unsloth":  # scripts/gpu_check.sh's memory check (rows of a recipe's chunks) and traced calls
+        calls = json.loads((H200 / "run2" / "unsloth-memory.json").read_text())["calls"]
+        return calls + [json.loads(line) for line in (H200 / "memory_trace.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (H200 / "memory_trace_peft-4bit.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(("engine", "calls"), [("unsloth", 10), ("transformers", 3)])
+def test_the_models_peaks_are_within_20_percent_of_those_measured_on_an_h200(engine, calls):
+    """The peaks CUDA's allocator measured on an H200 (2026-12-04) for one generate call each, 4-layer models of
+    Qwen2.5-3B's and 7B's widths, bf16: on Unsloth (the model before them missed the widest calls by a third, 0.66),
+    and on bitsandbytes without Unsloth and without a LoRA (benchmarks/gpu_memory_trace.py --backend peft-4bit)."""
+    measured = _h200_calls(engine)
+    assert len(measured) == calls
+    for call in measured:
         shape = dataclasses.replace(KNOWN_SHAPES[call["model"]], layers=call["layers"])
-        modelled = generate_peak(shape, call["rows"], call["width"], 16, 2, "transformers") / GIB
+        modelled = generate_peak(shape, call["rows"], call["width"], 16, 2, engine) / GIB
         assert 0.8 <= modelled / call["measured_gb"] <= 1.2, call
 
 
@@ -85,7 +82,7 @@ def test_the_model_foretells_which_full_depth_recipe_calls_fitted_their_card_on_
     model's total (resident part and call) is within 10% of the measured peak; where it ran out of memory, bitsandbytes
     without Unsloth at gpu-24gb's and the paper recipe's budgets then, the model says it exceeds the cap. The model
     before it (no LoRA terms) gave 0.71 of the measured peak and foretold both fits."""
-    records = sorted((ROOT / "benchmarks" / "results" / "gpu-check-h200" / "fit").glob("*.json"))
+    records = sorted((H200 / "fit").glob("*.json"))
     assert len(records) == 6
     outcomes = []
     for record in map(json.loads, (path.read_text() for path in records)):
