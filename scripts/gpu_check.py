@@ -313,9 +313,10 @@ class Checks:
 
         cuda = torch.cuda.is_available()
         path = ROOT / "recipes" / f"{name}.yaml"
-        rollout = load_recipe(path).rollout
+        shipped = load_recipe(path)
+        rollout = shipped.rollout
         rows_per_call = rollout.generation_token_budget // rollout.max_context_tokens
-        shape = TINY_MEMORY["tiny-a"] if self.tiny else memory.KNOWN_SHAPES[load_recipe(path).policy.model]
+        shape = TINY_MEMORY["tiny-a"] if self.tiny else memory.KNOWN_SHAPES[shipped.policy.model]
         model_dir = self._full_model_dir(shape)
         context, new = (2048, 16) if self.tiny else (rollout.max_context_tokens, rollout.max_new_tokens)
         recipe = load_recipe(path, {
@@ -327,9 +328,9 @@ class Checks:
         if cuda:
             gpu_memory._empty_caches()
             torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory, 0)
+        engine = "unsloth" if self.backend == "unsloth" else "peft"  # generate through the LoRA, as a run does
         try:
             policy = load_policy(model_dir, recipe)
-            engine = "unsloth" if self.backend == "unsloth" else "peft"  # generate through the LoRA, as a run does
             if policy.peft_config is not None:  # peft's backends: the trainer adds the LoRA, here before it does
                 from peft import get_peft_model
 
