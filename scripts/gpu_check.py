@@ -286,7 +286,7 @@ class Checks:
                 modelled = memory.generate_peak(shape, len(chunk), width, 16, policy.dtype.itemsize, engine)
                 measured = _generate_peak(policy, len(chunk), width, 16, cuda)
                 rows.append({"model": name, "layers": shape.layers, "rows": len(chunk), "width": width,
-                             "measured_gb": round(measured / memory.GIB, 3), "model_gb": round(modelled / memory.GIB, 3),
+                             "measured_gb": _gib(measured), "model_gb": _gib(modelled),
                              "model_over_measured": round(modelled / measured, 3) if measured else None})
             del policy
             gpu_memory._empty_caches()
@@ -327,7 +327,7 @@ class Checks:
         cap = card_gb * memory.GIB - memory.CUDA_CONTEXT  # the CUDA context lies outside the allocator's cap
         if cuda:
             gpu_memory._empty_caches()
-            torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory, 0)
+            gpu_memory.cap_memory(cap / memory.GIB)
         engine = "unsloth" if self.backend == "unsloth" else "peft"  # generate through the LoRA, as a run does
         try:
             policy = load_policy(model_dir, recipe)
@@ -335,7 +335,7 @@ class Checks:
                 from peft import get_peft_model
 
                 policy.model = get_peft_model(policy.model, policy.peft_config)
-            lora = sum(p.numel() for name, p in policy.model.named_parameters() if "lora_" in name)
+            lora = sum(p.numel() for key, p in policy.model.named_parameters() if "lora_" in key)
             optimizer_state = torch.empty(3 * lora, dtype=torch.float32, device=policy.model.device)  # grads, Adam
             width = context - new  # a row as wide as a prompt may be
             episodes = [SimpleNamespace(conversation=SimpleNamespace(ids=range(width)))] * (rows_per_call + 1)
