@@ -1,4 +1,4 @@
-"""The llama.cpp engine with one shared KV cache (prefixes read once, live sequences decoded together) against the
+"""The llama.cpp engine (prefixes read once, live sequences decoded together, a KV stream each) against the
 engine it replaced (a context per sequence, one task's group per call), same machine, same run.
 
 The baseline is ``seal_lite/engines/llamacpp.py`` as it was at ``--baseline`` (git), played the way seal-lite
@@ -63,8 +63,9 @@ def baseline_engine(commit: str):
                             capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "baseline_llamacpp.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("baseline_llamacpp", path)
+    spec = importlib.util.spec_from_file_location(f"llamacpp_{commit}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up
     spec.loader.exec_module(module)
     return module.LlamaCppGenerator
 

@@ -159,10 +159,11 @@ class RolloutConfig(Section):
         "the memory model (seal_lite/core/memory.py, docs/gpu.md), so a call fits the card; at least max_context_tokens.",
     )
     cache_tokens: int | None = Field(
-        None, ge=1024, description="llamacpp and vllm: tokens of the KV cache all sequences share, each shared "
-        "prefix held once (None: 4 x max_context_tokens, or 4 x 16384 for llama.cpp's evaluation; on a GPU vLLM "
-        "fills its vllm_memory share instead; memory is this x the model's KV bytes per token, allocated up "
-        "front). Sequences that do not fit together wait for room.",
+        None, ge=1024, description="llamacpp and vllm: tokens of the KV cache, allocated up front (memory is this x "
+        "the model's KV bytes per token). llamacpp: a stream of max_context_tokens per sequence, cache_tokens // "
+        "max_context_tokens of them (None: generation_batch_size + 2). vllm: all sequences share it, each prefix "
+        "held once (None: 4 x max_context_tokens; on a GPU vLLM fills its vllm_memory share instead). Sequences "
+        "that do not fit wait for room.",
     )
     max_logprob_gap: float = Field(
         1.0, gt=0.0, description="llamacpp and vllm: a generated token whose log-probability under the rollout "

@@ -74,7 +74,7 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
     sharing = distributed.local_world_size()  # processes on this machine split its cores
     generator = LlamaCppGenerator(base, tokenizer, n_ctx=recipe.rollout.max_context_tokens, seed=recipe.seed,
                                   n_threads=max(1, usable_cores() // sharing) if sharing > 1 else None,
-                                  cache_tokens=recipe.rollout.cache_tokens)
+                                  cache_tokens=recipe.rollout.cache_tokens, live=recipe.generation_batch())
 
     lora = out_dir / ("rollout-lora.gguf" if distributed.world_size() == 1 else f"rollout-lora-{distributed.rank()}.gguf")
 
