@@ -20,8 +20,8 @@ one llama.cpp context whose KV cache has a stream of its own for each sequence (
 
 llama.cpp splits a batch into one computation per run of consecutive stream ids, so rows take the lowest free
 streams and each batch is ordered by stream. The cache holds ``streams`` sequences of ``n_ctx`` cells each,
-allocated up front; an entry no live row holds stays until its stream is needed (the least recently used goes
-first, and entries waiting rows start from last). The driver (seal_lite/step/rollout.py) ends a sequence that
+allocated up front. A finished episode's entry stays only while a waiting row would start from it; a ``generate``
+row's stays for the caller's next call until its stream is needed (the least recently used goes first). The driver (seal_lite/step/rollout.py) ends a sequence that
 would pass ``n_ctx`` before it gets here.
 
 Sampling is done here (softmax of logits / T, numpy), so the log-probability of every sampled token is known
