@@ -138,6 +138,13 @@ def baseline_eval(args, tokenizer, Baseline):
     return before, seconds, phases
 
 
+def distinct_tokens(prompts: list[list[int]]) -> int:
+    """The tokens of the prompts' trie: what reading every shared prefix once costs. In sorted order each prompt's
+    longest shared prefix with an earlier one is with the one just before it."""
+    ordered = sorted(prompts)
+    return sum(len(prompt) - _prefix_length(prompt, before) for before, prompt in zip([[], *ordered], ordered))
+
+
 def part_eval(args, tokenizer, Baseline) -> dict:
     rollout, tasks, interface = eval_setup(args)
     path = str(gguf_path(args.model))
@@ -164,6 +171,8 @@ def part_eval(args, tokenizer, Baseline) -> dict:
             differences.append({"task": task.id, "token": split, "verdicts": valid,
                                 "gap": logit_gap(args.model, context, a.completion_ids[split], b.completion_ids[split])})
     return {"tasks": len(tasks), "baseline_s": old_s, "batched_s": new_s, "speedup": old_s / new_s, "phases": phases,
+            "prompt_tokens": sum(len(t.prompt_ids) for t in after), "read_tokens": new.read_tokens,
+            "distinct_prompt_tokens": distinct_tokens([t.prompt_ids for t in after]),
             "solved": [sum(v[0] for v in verdicts), sum(v[1] for v in verdicts)],
             "verdicts_differ": sum(v[0] != v[1] for v in verdicts), "sequences_differ": len(differences),
             "differences": differences}
