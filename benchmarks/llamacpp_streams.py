@@ -17,8 +17,8 @@ shared cache and a side context for long reads), ``streams`` the engine now. Par
 * ``reading``: no engine, llama.cpp alone. One ``--prompt-tokens`` prompt read from position 0: tokens/s per 1,024
   positions, and one row's decode after it, with the engine's settings (f16 cells, flash attention), q8_0 or bf16
   cells, and flash attention off.
-* ``step``: the engine now only. A cpu-learn step's rollouts (its first 2 tasks x G = 4, the tasks
-  ``llamacpp_batching.py --parts step`` plays) for ``--seeds`` seeds, each llama_decode timed: seconds in batches
+* ``step``: the engine now only. A cpu-learn step's rollouts (its first 2 tasks x G = 4, as
+  ``llamacpp_batching.py --parts step`` plays them) for ``--seeds`` seeds, each llama_decode timed: seconds in batches
   that read new text (prompts, tool results) and in pure decode batches by their number of rows.
 
     python benchmarks/llamacpp_streams.py --part decode --prompt-tokens 4000
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from llamacpp_batching import baseline_engine  # benchmarks/, beside this script
+from llamacpp_batching import baseline_engine, step_setup  # benchmarks/, beside this script
 
 from seal_lite.core.interface import TrainingInterface, evaluation_interface
 from seal_lite.core.recipe import load_recipe
@@ -233,10 +233,8 @@ class TimedBatches(LlamaCppGenerator):
 
 def step_anatomy(seeds: int, tokenizer) -> None:
     """Where a cpu-learn step's rollouts spend their time, per seed."""
-    recipe = load_recipe(ROOT / "recipes" / "cpu-learn.yaml")
-    rollout, config = recipe.rollout, recipe.interface
-    interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
-    tasks = [task.truncated(rollout.max_turns) for task in load_tasks(recipe.data.task_ids[: recipe.grpo.tasks_per_step])]
+    recipe, tasks, interface = step_setup()
+    rollout = recipe.rollout
     engine = TimedBatches(str(gguf_path(recipe.policy.model)), tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2)
     for seed in range(seeds):
         engine.load_adapter(None)  # a new step: the last one's cells dropped
