@@ -7,6 +7,7 @@ requantized type also moves the rollout policy away from the model torch trains 
 which widens the log-prob gap the update filters on.
 
     python benchmarks/gguf_types.py
+    python benchmarks/gguf_types.py --keep /tmp/gguf-types   # then: llamacpp_streams.py --part rows --gguf /tmp/gguf-types/Q4_0.gguf
 """
 
 from __future__ import annotations
@@ -53,9 +54,13 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--keep", type=Path, help="a folder to keep the requantized copies in (TYPE.gguf), e.g. for "
+                        "llamacpp_streams.py --gguf")
     args = parser.parse_args()
     shipped = gguf_path(args.model)
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = args.keep or scratch
+        Path(folder).mkdir(parents=True, exist_ok=True)
         paths = {"Q4_K_M (shipped)": shipped}
         paths |= {name: requantized(shipped, ftype, Path(folder) / f"{name}.gguf") for name, ftype in TYPES.items()}
         figures = {name: speeds(path, args.prompt_tokens, args.decode_tokens, args.threads)

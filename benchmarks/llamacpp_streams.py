@@ -270,21 +270,24 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=4000, help="decode, rows, reading: the prompt's length")
     parser.add_argument("--seeds", type=int, default=3, help="step: the seeds played")
+    parser.add_argument("--gguf", help="decode, rows, reading: another GGUF than the policy's (e.g. a requantized "
+                        "copy, benchmarks/gguf_types.py's requantized)")
     parser.add_argument("--repeats", type=int, default=1, help="each variant this many times, alternating")
     parser.add_argument("--unified", default="6dfcc00", help="the commit whose engine is the unified one")
     args = parser.parse_args()
+    model = args.gguf or str(gguf_path("qwen2.5-coder-0.5b"))
     if args.part == "decode":
-        rates = decode_rates(str(gguf_path("qwen2.5-coder-0.5b")), args.prompt_tokens)
+        rates = decode_rates(model, args.prompt_tokens)
         for name, value in rates.items():
             print(f"{name:>28}: {value:5.1f} tokens/s ({value / rates['unified']:.2f}x unified)", flush=True)
         return
     if args.part == "reading":
-        for name, values in reading_rates(str(gguf_path("qwen2.5-coder-0.5b")), args.prompt_tokens).items():
+        for name, values in reading_rates(model, args.prompt_tokens).items():
             print(f"{name:>20}: tokens/s per 1,024 positions " + ", ".join(f"{v:.0f}" for v in values[:-1]) +
                   f"; then one row's decode {values[-1]:.1f} ms", flush=True)
         return
     if args.part == "rows":
-        costs = row_costs(str(gguf_path("qwen2.5-coder-0.5b")), args.prompt_tokens)
+        costs = row_costs(model, args.prompt_tokens)
         for rows, ms in costs.items():
             print(f"{rows} rows: {ms:5.1f} ms a decode, {ms / rows:4.1f} ms a row ({rows * costs[1] / ms:.2f}x "
                   f"one row at a time)", flush=True)
