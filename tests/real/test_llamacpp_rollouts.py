@@ -352,3 +352,66 @@ def test_at_most_max_live_episodes_play_and_waiting_ones_take_the_place_of_finis
     prompts = [t.prompt_ids for t in trajectories]
     assert generator.read_tokens == _distinct([p[:-1] for p in prompts]) + sum(len(t.completion_ids) for t in trajectories)
     assert max(_plain_read_gaps(trajectories)) < NEAR_TIE
+
+
+def test_groups_added_as_others_end_join_the_running_call(smol_tokenizer):
+    """Dynamic sampling's extra groups: a group ``on_group`` adds when another ends joins the running call, its
+    prompt forked from what the cache holds (each token is still read once), and its greedy episodes are those it
+    plays when given from the start (or a near-tie where they part)."""
+    from seal_lite.step.rollout import rollout_groups
+
+    rollout, pairs = _continuous_setup()
+    greedy = rollout.model_copy(update={"temperature": 0.0})
+    extra = (load_tasks(["multi_turn_base_3"])[0].truncated(2), pairs[0][1])  # base_1's tool classes
+    played, read, calls = {}, {}, {}
+    for name in ("added", "from the start"):
+        generator = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=rollout.max_context_tokens, n_threads=2)
+        try:
+            if name == "added":
+                played[name] = rollout_groups(pairs, 2, generator, greedy, on_group=lambda group: (
+                    [extra] if group[0].task_id == pairs[0][0].id else None))
+            else:
+                played[name] = rollout_groups([*pairs, extra], 2, generator, greedy)
+            read[name], calls[name] = generator.read_tokens, generator.calls
+        finally:
+            generator.close()
+    assert [group[0].task_id for group in played["added"]] == [task.id for task, _ in [*pairs, extra]]
+    assert calls["added"] == 1
+    trajectories = [t for group in played["added"] for t in group]
+    prompts = [t.prompt_ids for t in trajectories]
+    assert read["added"] == _distinct([p[:-1] for p in prompts]) + sum(len(t.completion_ids) for t in trajectories)
+    for a, b in zip(played["from the start"][-1], played["added"][-1], strict=True):
+        if a.completion_ids != b.completion_ids:
+            assert b.env_mask[_prefix_length(a.completion_ids, b.completion_ids)] == 1  # parted at a model token
+    assert max(_plain_read_gaps(played["added"][-1])) < NEAR_TIE
+
+
+def test_a_steps_extra_groups_play_in_its_one_call(smol_tokenizer, tmp_path):
+    """With dynamic sampling, a step on this engine is still one call: each group that ends without a signal starts
+    the next spare task's group in it, and the draws made after the call find exactly those groups played."""
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.core.types import NoProgress
+    from seal_lite.step.algorithm import SealStep
+
+    class Groups(NoProgress):
+        def __init__(self):
+            self.done = []
+
+        def task_done(self, task_id, rewards, extra=False):
+            self.done.append((task_id, extra))
+
+    recipe = load_recipe(None, {"rollout.max_turns": 1, "rollout.max_new_tokens": 24, "rollout.num_generations": 2,
+                                "interface.tool_format": "signatures", "grpo.tasks_per_step": 2,
+                                "grpo.dynamic_sampling": 2, "diagnoser.mode": "off"})
+    tasks = {task.id: task.truncated(1) for task in load_tasks([f"multi_turn_base_{i}" for i in range(6)])}
+    generator = LlamaCppGenerator(SMOL, smol_tokenizer, n_ctx=recipe.rollout.max_context_tokens, n_threads=2, seed=3)
+    progress = Groups()
+    step = SealStep(recipe, None, tasks, generator, progress)
+    try:
+        batch = step(["multi_turn_base_0", "multi_turn_base_1"])
+    finally:
+        generator.close()
+    assert not any(batch.advantages)  # SmolLM2 solves none of these: no group has a signal
+    extras = [task_id for task_id, extra in progress.done if extra]
+    assert generator.calls == 1 and extras == step._spare(["multi_turn_base_0", "multi_turn_base_1"])[:2]
+    assert sorted(task_id for task_id, extra in progress.done if not extra) == ["multi_turn_base_0", "multi_turn_base_1"]
