@@ -30,15 +30,9 @@ def script_generation(answer: Callable, sample: bool = True) -> None:
     from seal_lite.step import algorithm, screen
     rollout_groups, generate, playing = algorithm.rollout_groups, transformers_generate.TransformersGenerator.generate, {}
 
-    def recording_rollout_groups(pairs, *args, on_group=lambda group: None, **kwargs):  # a step's, or a screen's
+    def recording_rollout_groups(pairs, *args, **kwargs):  # a step's, or the frontier screen's
         playing["tasks"] = [task for task, _ in pairs]
-
-        def recording_on_group(group):  # the groups it adds (dynamic sampling's) play in the same call
-            added = on_group(group) or []
-            playing["tasks"] += [task for task, _ in added]
-            return added
-
-        return rollout_groups(pairs, *args, on_group=recording_on_group, **kwargs)
+        return rollout_groups(pairs, *args, **kwargs)
 
     def scripted(self, batch, max_new_tokens, temperature):
         sampled = generate(self, batch, max_new_tokens, temperature) if sample else [None] * len(batch)
