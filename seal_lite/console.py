@@ -67,13 +67,14 @@ class RichProgress:
 
     def step_started(self, step: int, num_tasks: int) -> None:
         self.bar = self.bars.add_task(f"step {step}/{self.total_steps} rollouts", total=num_tasks, status="")
-        self.step, self.tasks, self.done, self.extras = step, num_tasks, 0, 0
+        self.step, self.tasks, self.done = step, num_tasks, 0
 
-    def task_done(self, task_id: str, rewards: list[float], extra: bool = False) -> None:
-        # an extra group is dynamic sampling's: it replaces a group without a signal (and may end before the others)
-        self.done, self.extras = self.done + (not extra), self.extras + extra
-        where = f"extra group {self.extras} (dynamic sampling)" if extra else f"task {self.done}/{self.tasks}"
-        self.bars.update(self.bar, total=self.tasks + self.extras, completed=self.done + self.extras,
+    def task_done(self, task_id: str, rewards: list[float]) -> None:
+        self.done += 1
+        # past the step's tasks, dynamic sampling is rolling out groups that replace those without a signal
+        where = (f"task {self.done}/{self.tasks}" if self.done <= self.tasks
+                 else f"extra group {self.done - self.tasks} (dynamic sampling)")
+        self.bars.update(self.bar, total=max(self.tasks, self.done), completed=self.done,
                          status=f"{task_id}: rewards {rewards}")
         if not console.is_terminal:  # a step can take many minutes on a GPU: show each task group as it finishes
             console.print(f"step {self.step}/{self.total_steps}: {where} {task_id}, "

@@ -187,45 +187,32 @@ class LlamaCppGenerator:
 
     def generate_continuously(self, batch: list[list[int]], budgets: list[int], temperature: float,
                               on_message: Callable[[int, list[int], list[float]], tuple[list[int], int] | None],
-                              max_live: int | None = None,
-                              arrivals: Callable[[], list[tuple[list[int], int]]] | None = None) -> None:
+                              max_live: int | None = None) -> None:
         """Each row's messages one after another, without waiting for the other rows' (continuous batching).
 
         When row ``i``'s message ends (a stop token, or ``budgets[i]`` tokens), ``on_message(i, tokens, logprobs)``
         runs its episode on (tool calls, the next user turn) and returns the row's whole sequence to go on from
         and its next message's budget, or None when the episode is over. What that sequence appends is read in
         the same decode batches as the other rows' next tokens. At most ``max_live`` rows (None: as many as the
-        cache has streams) play at once; the next waiting row starts when one's episode is over. ``arrivals()``,
-        asked after each episode that ends, gives more rows (sequence, budget) to play in this call, numbered on
-        from the last."""
-        self._play(batch, budgets, temperature, on_message, max_live, arrivals)
+        cache has streams) play at once; the next waiting row starts when one's episode is over."""
+        self._play(batch, budgets, temperature, on_message, max_live)
 
     def _play(self, batch: list[list[int]], budgets: list[int], temperature: float, on_message,
-              max_live: int | None = None, arrivals=None) -> list[_Row]:
+              max_live: int | None = None) -> list[_Row]:
+        import numpy as np
+
         if self.ctx is None:
             self._open()
         self.calls, self.held = self.calls + 1, set()
-        rows: list[_Row] = []
-
-        def new_rows(pairs) -> list[_Row]:
-            added = [self._row(len(rows) + offset, ids, budget) for offset, (ids, budget) in enumerate(pairs)]
-            rows.extend(added)
-            return added
-
-        new_rows(zip(batch, budgets, strict=True))
+        rows = [_Row(index, ids, budget, np.random.default_rng([*self.seed, self.calls, index]))
+                for index, (ids, budget) in enumerate(zip(batch, budgets, strict=True))]
+        for row in rows:
+            if len(row.ids) + row.budget > self.n_ctx:
+                raise BackendError(f"a sequence of {len(row.ids)} tokens and {row.budget} new ones passes the "
+                                   f"engine's {self.n_ctx}-token streams (rollout.max_context_tokens)")
         waiting = sorted(rows, key=lambda row: row.target)  # similar rows together: neighbours share prefixes
-        more = (lambda: new_rows(arrivals())) if arrivals else list
-        self._decode(waiting, temperature, on_message, min(max_live or self.streams, self.streams), more)
+        self._decode(waiting, temperature, on_message, min(max_live or len(rows), self.streams))
         return rows
-
-    def _row(self, index: int, ids: list[int], budget: int) -> _Row:
-        """Row ``index`` of this call, its sampling seeded by (seed, call, index): a run reproduces."""
-        import numpy as np
-
-        if len(ids) + budget > self.n_ctx:
-            raise BackendError(f"a sequence of {len(ids)} tokens and {budget} new ones passes the "
-                               f"engine's {self.n_ctx}-token streams (rollout.max_context_tokens)")
-        return _Row(index, ids, budget, np.random.default_rng([*self.seed, self.calls, index]))
 
     def _source(self, tokens: list[int]) -> tuple[_Entry | None, int]:
         """The entry sharing the longest prefix with ``tokens``, and that prefix's length."""
@@ -236,12 +223,10 @@ class LlamaCppGenerator:
                 best, length = entry, common
         return best, length
 
-    def _decode(self, waiting: list[_Row], temperature: float, on_message, most: int,
-                arrivals: Callable[[], list[_Row]]) -> None:
+    def _decode(self, waiting: list[_Row], temperature: float, on_message, most: int) -> None:
         """Play every row: each live row advances by one token per llama_decode, the rows' new text is read in the
         same batches, and waiting rows join while fewer than ``most`` are live. With ``on_message``, a row whose
-        message ends is continued in the same loop, until its episode is over; the rows ``arrivals()`` then gives
-        wait with the others."""
+        message ends is continued in the same loop, until its episode is over."""
         import llama_cpp
         import numpy as np
 
@@ -281,11 +266,8 @@ class LlamaCppGenerator:
                     self.held.add(id(row.entry))
                 elif self._continue(row, on_message(row.index, row.new, row.logprobs)):
                     live.append(row)
-                else:  # its episode is over: rows may arrive; its stream goes unless a waiting row starts from it
-                    if added := arrivals():
-                        waiting = sorted(waiting + added, key=lambda row: row.target)
-                    if not self._wanted(row.entry, waiting):
-                        self._drop(row.entry)
+                elif not self._wanted(row.entry, waiting):
+                    self._drop(row.entry)  # its episode is over and no waiting row starts from it
 
     def _next_batch(self, live: list[_Row]) -> tuple[list[tuple[_Entry, int, bool]], list[tuple[int, _Row]]]:
         """The next llama_decode's tokens: every row's next token, then as much of the rows' new text as the

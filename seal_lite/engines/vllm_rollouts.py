@@ -149,17 +149,14 @@ class VllmGenerator:
 
     def generate_continuously(self, batch: list[list[int]], budgets: list[int], temperature: float,
                               on_message: Callable[[int, list[int], list[float]], tuple[list[int], int] | None],
-                              max_live: int | None = None,
-                              arrivals: Callable[[], list[tuple[list[int], int]]] | None = None) -> None:
+                              max_live: int | None = None) -> None:
         """Play each row until ``on_message(row, ids, logprobs)`` returns None; otherwise it returns the row's
         whole sequence (with what the environment appended) and the next message's budget, and that request
         joins the running batch at once. At most ``max_live`` rows (None: all) play at once; the next row starts
-        when one's episode is over. ``arrivals()``, asked after each episode that ends, gives more rows (sequence,
-        budget) to play in this call, numbered on from the last."""
-        self._play(batch, budgets, temperature, on_message, max_live, arrivals)
+        when one's episode is over."""
+        self._play(batch, budgets, temperature, on_message, max_live)
 
-    def _play(self, batch, budgets, temperature, on_message, max_live=None,
-              arrivals=None) -> list[tuple[list[int], list[float]]]:
+    def _play(self, batch, budgets, temperature, on_message, max_live=None) -> list[tuple[list[int], list[float]]]:
         self._wake()
         self.calls += 1
         last: list[tuple[list[int], list[float]]] = [([], [])] * len(batch)
@@ -168,15 +165,9 @@ class VllmGenerator:
         waiting = list(enumerate(zip(batch, budgets, strict=True)))[::-1]  # popped from the end: row 0 first
 
         def start_waiting():
-            while waiting and (max_live is None or len(live) < max_live):
+            while waiting and len(live) < (max_live or len(batch)):
                 row, (ids, budget) = waiting.pop()
                 live.add(self._request(row, 0, ids, budget, temperature))
-
-        def arrive():
-            for ids, budget in arrivals() if arrivals else ():
-                waiting.insert(0, (len(last), (ids, budget)))  # after the rows already waiting
-                last.append(([], []))
-                messages.append(0)
 
         try:
             start_waiting()
@@ -197,8 +188,6 @@ class VllmGenerator:
                     if follow is not None:
                         messages[row] += 1
                         live.add(self._request(row, messages[row], *follow, temperature))
-                    else:
-                        arrive()
                 start_waiting()
         finally:
             if live:  # a hook that raised: no request of this call may run on into the next

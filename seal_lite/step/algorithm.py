@@ -71,11 +71,6 @@ from seal_lite.step.verifier import diagnose_episode
 Group = list[tuple[Trajectory, EpisodeDiagnosis]]  # one task's G trajectories, each with its diagnosis
 
 
-def _has_signal(group: Group) -> bool:
-    """Whether the group's rewards differ: only then do its advantages carry a learning signal."""
-    return len({diagnosis.valid for _, diagnosis in group}) > 1
-
-
 def already_current(step: int) -> None:
     """The rollout engine plays the trained model itself (transformers): nothing to hand it before a step."""
 
@@ -143,16 +138,14 @@ class SealStep:
         task_ids = self._in_frontier(task_ids)
 
         # 2-5. Render, roll out, verify and label each task's group (_roll_out); every process's groups, in the
-        # step's task order. Dynamic sampling swaps groups without a learning signal for other tasks' groups (in
-        # one process their rollouts start in the step's own call, as each group without a signal ends).
-        played = self._roll_out(task_ids, self._early_extras(task_ids))
-        groups = self._gather(played[: len(task_ids)])
+        # step's task order. Dynamic sampling swaps groups without a learning signal for other tasks' groups.
+        groups = self._gather(self._roll_out(task_ids))
         mine = slice(distributed.rank() * len(task_ids) * G, (distributed.rank() + 1) * len(task_ids) * G)
         rolled_out = len(groups)
         # the rewards of the groups the step drew: dynamic sampling's replacements would bias the reward curve
         drawn = [rewards(diagnosis for _, diagnosis in group) for group in groups]
         if self.recipe.grpo.dynamic_sampling:
-            groups, rolled_out = self._fill_with_signal(groups, played[len(task_ids) :])
+            groups, rolled_out = self._fill_with_signal(groups, [group[0][0].task_id for group in groups])
         if release := getattr(self.generator, "release", None):
             release()  # the step's rollouts are done: the engine gives its memory back for the update (vLLM sleeps)
         trajectories = [trajectory for group in groups for trajectory, _ in group]
@@ -233,77 +226,51 @@ class SealStep:
         swaps = dict(zip(outside, free, strict=False))
         return [swaps.get(task_id, task_id) for task_id in task_ids]
 
-    def _gather(self, groups: list[Group], extra: bool = False) -> list[Group]:
-        """Every process's groups, in rank order (this process's own in one process); rank 0 shows the others'
-        (``extra``: dynamic sampling's)."""
+    def _gather(self, groups: list[Group]) -> list[Group]:
+        """Every process's groups, in rank order (this process's own in one process); rank 0 shows the others'."""
         if distributed.world_size() == 1:
             return groups
         shares = distributed.gather(groups)
         for rank, share in enumerate(shares):
             for group in share if rank != distributed.rank() else ():
-                self.progress.task_done(group[0][0].task_id, rewards(d for _, d in group), extra)
+                self.progress.task_done(group[0][0].task_id, rewards(d for _, d in group))
         return [group for share in shares for group in share]
 
-    def _roll_out(self, task_ids: list[str], more: Callable[[Group], list[str]] = lambda group: [],
-                  extra: bool = False) -> list[Group]:
-        """Steps 2-5 for each task: one group of G (trajectory, diagnosis) pairs per task, then one for each task
-        ``more(group)`` adds as a group ends (played in the same call, in the order they started). ``extra``: the
-        tasks are dynamic sampling's draws (so are those ``more`` adds)."""
+    def _roll_out(self, task_ids: list[str]) -> list[Group]:
+        """Steps 2-5 for each task: one group of G (trajectory, diagnosis) pairs per task."""
+        if not task_ids:
+            return []
         G = self.recipe.rollout.num_generations
-        diagnosed: dict[str, Group] = {}
-
-        def verified(trajectories: list[Trajectory]) -> list[tuple[Task, TrainingInterface]]:
+        # 2-3. Render the training interface and roll out G trajectories per task against fresh BFCL environments,
+        # the whole step in one batched generation.
+        pairs = [(self.tasks[task_id], interface_for_task(self.interface, self.tasks[task_id])) for task_id in task_ids]
+        groups = []
+        for trajectories in rollout_groups(pairs, G, self.generator, self.recipe.rollout):
             task = self.tasks[trajectories[0].task_id]
             # 4. Verify: the official BFCL multi-turn verdict is the reward.
             # 5. Diagnose every ground-truth turn from executable evidence.
             with timing.phase("verify"):
-                group = diagnosed[task.id] = [(t, diagnose_episode(task, t.turns)) for t in trajectories]
-            self.progress.task_done(task.id, rewards(d for _, d in group), extra=extra or task.id not in task_ids)
-            return self._pairs(more(group))
+                groups.append([(t, diagnose_episode(task, t.turns)) for t in trajectories])
+            self.progress.task_done(task.id, rewards(d for _, d in groups[-1]))
+        return groups
 
-        # 2-3. Render the training interface and roll out G trajectories per task against fresh BFCL environments,
-        # the whole step in one batched generation.
-        played = rollout_groups(self._pairs(task_ids), G, self.generator, self.recipe.rollout, on_group=verified)
-        return [diagnosed[trajectories[0].task_id] for trajectories in played]
+    def _fill_with_signal(self, groups: list[Group], task_ids: list[str]) -> tuple[list[Group], int]:
+        """Dynamic sampling: replace groups whose rewards are all equal by groups of other tasks of the pool (in an
+        order fixed by seed and step) that have a signal, within ``grpo.dynamic_sampling`` extra groups. Replaced
+        groups are dropped, as in DAPO: they reach neither the store, the statistics nor the update."""
+        def has_signal(group: Group) -> bool:
+            return len({d.valid for _, d in group}) > 1
 
-    def _pairs(self, task_ids: list[str]) -> list[tuple[Task, TrainingInterface]]:
-        return [(self.tasks[task_id], interface_for_task(self.interface, self.tasks[task_id])) for task_id in task_ids]
-
-    def _spare(self, task_ids: list[str]) -> list[str]:
-        """The pool's tasks other than ``task_ids``, in the order dynamic sampling draws them (fixed by seed and
-        step)."""
         spare = [task_id for task_id in self.frontier if task_id not in task_ids]
         random.Random(f"{self.recipe.seed}-{self.step}").shuffle(spare)
-        return spare
-
-    def _early_extras(self, task_ids: list[str]) -> Callable[[Group], list[str]]:
-        """Dynamic sampling's draws, started as groups end (one process): each group that ends without a signal
-        starts the next spare task's, within the budget. ``_fill_with_signal`` draws the very same tasks (one for
-        each group still without a signal, in the same order) and finds them played: they only decode beside the
-        step's other rollouts instead of in calls of their own, after the slowest group."""
-        if not self.recipe.grpo.dynamic_sampling or distributed.world_size() > 1:
-            return lambda group: []
-        spare = self._spare(task_ids)[: self.recipe.grpo.dynamic_sampling]
-        return lambda group: [] if _has_signal(group) or not spare else [spare.pop(0)]
-
-    def _fill_with_signal(self, groups: list[Group], played: list[Group]) -> tuple[list[Group], int]:
-        """Dynamic sampling: replace groups whose rewards are all equal by groups of other tasks of the pool (in an
-        order fixed by seed and step) that have a signal, within ``grpo.dynamic_sampling`` extra groups; ``played``
-        holds those already rolled out. Replaced groups are dropped, as in DAPO: they reach neither the store, the
-        statistics nor the update."""
-        played_by_task = {group[0][0].task_id: group for group in played}
-        spare = self._spare([group[0][0].task_id for group in groups])
         budget, rolled_out = self.recipe.grpo.dynamic_sampling, len(groups)
-        while budget and spare and (empty := [i for i, group in enumerate(groups) if not _has_signal(group)]):
+        while budget and spare and (empty := [i for i, group in enumerate(groups) if not has_signal(group)]):
             draw, spare = spare[: min(len(empty), budget)], spare[min(len(empty), budget) :]
             budget -= len(draw)
             rolled_out += len(draw)
-            missing = [task_id for task_id in draw if task_id not in played_by_task]
-            for group in self._gather(self._roll_out(distributed.my_share(missing), extra=True), extra=True):
-                played_by_task[group[0][0].task_id] = group
-            for task_id in draw:
-                if _has_signal(played_by_task[task_id]):
-                    groups[empty.pop(0)] = played_by_task[task_id]
+            for new in self._gather(self._roll_out(distributed.my_share(draw))):  # shared out among the processes
+                if has_signal(new):
+                    groups[empty.pop(0)] = new
         return groups, rolled_out
 
     def _evolve_interface(self, answers: list[dict[int, Explanation]],

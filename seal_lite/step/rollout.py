@@ -5,7 +5,7 @@ evaluation's or a screen's every task. With transformers, in rounds: every round
 generation of at most ``rollout.generation_batch_size`` sequences. With llama.cpp and vLLM, continuously
 (``generate_continuously``): an episode's next message starts as soon as its last one is applied, while the
 others still decode, and at most ``generation_batch_size`` episodes play at once, the next one starting when one
-ends. ``on_group`` sees each task's group as soon as its last episode ends, and may add groups to the call.
+ends. ``on_group`` sees each task's group as soon as its last episode ends.
 Every engine shares what those sequences have in common: transformers in one padded batch, llama.cpp in one
 KV cache where each shared prefix is read once (``by_shared_prefix`` orders tasks so that neighbours share most).
 Each episode keeps the exact token ids the policy saw, with ``env_mask`` = 1 on tokens the policy generated
@@ -43,9 +43,8 @@ class Generator(Protocol):
     was produced. A generator that samples with another engine than the trained model (llama.cpp) also sets
     ``sampled_logprobs``: the log-probability of each returned token under that engine. One that also has
     ``generate_continuously`` (seal_lite/engines/llamacpp.py, vllm_rollouts.py) plays whole episodes in one call,
-    through a hook that applies each message as it ends, and takes in rows that arrive while it plays (the groups
-    ``on_group`` adds); one with ``release`` (vLLM) is told when a step's rollouts are done, to give its memory back
-    for the update."""
+    through a hook that applies each message as it ends; one with ``release`` (vLLM) is told when a step's rollouts
+    are done, to give its memory back for the update."""
 
     tokenizer: object
 
@@ -145,55 +144,41 @@ def rollout_groups(
     group_size: int,
     generator: Generator,
     rollout: RolloutConfig,
-    on_group: Callable[[list[Trajectory]], list[tuple[Task, TrainingInterface]] | None] = lambda group: None,
+    on_group: Callable[[list[Trajectory]], None] = lambda group: None,
 ) -> list[list[Trajectory]]:
     """Play ``group_size`` episodes of each (task, interface); one group of trajectories per task, in order.
-    ``on_group(group)`` runs as soon as every episode of a task has ended. What it returns, if anything, are more
-    (task, interface) pairs to play in the same call (dynamic sampling's extra groups: they decode beside the
-    others instead of waiting for a call of their own); their groups follow, in the order they started."""
-    episodes: list[_Episode] = []
-    groups: list[list[_Episode]] = []
-    played: dict[int, list[Trajectory]] = {}  # each ended group's trajectories, by its place in the call
-
-    def start(pairs: list[tuple[Task, TrainingInterface]]) -> list[_Episode]:
-        new = []
-        for task, interface in pairs:
-            messages = opening_messages(task, interface)
-            group = [_Episode(task, interface, len(groups), index, Environment(task),
+    ``on_group(group)`` runs as soon as every episode of a task has ended."""
+    episodes = []
+    for number, (task, interface) in enumerate(tasks):
+        messages = opening_messages(task, interface)
+        episodes += [_Episode(task, interface, number, index, Environment(task),
                               TokenConversation(generator.tokenizer, messages), [TurnRecord(messages[1]["content"])])
                      for index in range(group_size)]
-            for episode in group:  # a prompt that leaves no room for one message ends the episode before it starts
-                if len(episode.conversation.ids) + rollout.max_new_tokens > rollout.max_context_tokens:
-                    episode.stop_reason = StopReason.CONTEXT
-            groups.append(group)
-            new += group
-        episodes.extend(new)
-        return new
+    groups = [episodes[start : start + group_size] for start in range(0, len(episodes), group_size)]
+    reported = set()
 
-    def report(ended: list[_Episode]) -> list[_Episode]:
-        """``on_group`` for each group whose episodes have all ended; the episodes of the groups it adds that can
-        start (those whose prompt alone is too long end at once, and are reported in turn)."""
-        added = []
-        while ended:
-            numbers = sorted({e.group for e in ended if e.stop_reason is not None} - played.keys())
-            ended = []
-            for number in numbers:
-                if all(e.stop_reason is not None for e in groups[number]):
-                    sampled = getattr(generator, "sampled_logprobs", None) is not None  # set by its first call
-                    played[number] = [_trajectory(e, sampled) for e in groups[number]]
-                    ended += start(on_group(played[number]) or [])
-            added += ended
-        return [e for e in added if e.stop_reason is None]
+    def played(group: list[_Episode]) -> list[Trajectory]:
+        sampled = getattr(generator, "sampled_logprobs", None) is not None
+        return [_trajectory(e, sampled) for e in group]
 
-    report(start(tasks))
+    def report(ended: list[_Episode]) -> None:
+        for number in sorted({e.group for e in ended if e.stop_reason is not None} - reported):
+            if all(e.stop_reason is not None for e in groups[number]):
+                reported.add(number)
+                on_group(played(groups[number]))
+
+    for episode in episodes:  # a prompt that leaves no room for one message ends the episode before it starts
+        if len(episode.conversation.ids) + rollout.max_new_tokens > rollout.max_context_tokens:
+            episode.stop_reason = StopReason.CONTEXT
+    report(episodes)
     while active := [e for e in episodes if e.stop_reason is None]:
         if hasattr(generator, "generate_continuously"):
             _play_continuously(active, generator, rollout, report)
-        else:  # in rounds: the groups ``report`` adds join the next round
+        else:
             for chunk in generation_chunks(active, rollout):
                 _generate_round(chunk, generator, rollout)
                 report(chunk)
-    return [played[number] for number in range(len(groups))]
+    return [played(group) for group in groups]
 
 
 def by_shared_prefix(tasks: list[Task]) -> list[Task]:
@@ -242,13 +227,12 @@ def _generate_round(active: list[_Episode], generator: Generator, rollout: Rollo
 
 
 def _play_continuously(active: list[_Episode], generator: Generator, rollout: RolloutConfig,
-                       report: Callable[[list[_Episode]], list[_Episode]]) -> None:
+                       report: Callable[[list[_Episode]], None]) -> None:
     """The active episodes to their end in one call of an engine that batches continuously: each episode's next
     message starts as soon as its last one is applied, not when the round's longest message ends, and at most
-    ``generation_batch_size`` play at once. ``report`` sees each episode that ends, and the episodes of groups it
-    adds join the call. (An episode the engine could not go on with stays active for the next call.)"""
+    ``generation_batch_size`` play at once. ``report`` sees each episode that ends. (An episode the engine could
+    not go on with stays active for the next call.)"""
     applying = 0.0
-    arrived: list[_Episode] = []
 
     def on_message(row: int, ids: list[int], logprobs: list[float]) -> tuple[list[int], int] | None:
         nonlocal applying
@@ -256,23 +240,16 @@ def _play_continuously(active: list[_Episode], generator: Generator, rollout: Ro
         episode = active[row]
         _advance(episode, list(ids), list(logprobs), rollout)
         if episode.stop_reason is not None:
-            arrived.extend(report([episode]))
+            report([episode])
         applying += time.perf_counter() - started
         if episode.stop_reason is not None:
             return None
         return episode.conversation.ids, _message_budget([episode], rollout)
 
-    def arrivals() -> list[tuple[list[int], int]]:
-        """The episodes added since the last time, as new rows: numbered on from the last, as in ``active``."""
-        new = arrived[:]
-        arrived.clear()
-        active.extend(new)
-        return [(e.conversation.ids, _message_budget([e], rollout)) for e in new]
-
     with timing.phase("generate"):
         generator.generate_continuously([e.conversation.ids for e in active],
                                         [_message_budget([e], rollout) for e in active], rollout.temperature, on_message,
-                                        rollout.generation_batch_size, arrivals)
+                                        rollout.generation_batch_size)
     timing.add("generate", -applying)  # the episodes' own work (tools, templates) has its own phases
 
 

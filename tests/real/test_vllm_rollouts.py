@@ -111,12 +111,6 @@ def test_the_generator_samples_from_the_models_distribution_and_reads_only_new_t
 
     generator.generate_continuously(prompts, [4, 4], 0.8, one_at_a_time, max_live=1)
     assert order == [0, 0, 1, 1]
-
-    # a row that arrives when an episode ends (dynamic sampling's extra group) plays in the same call, numbered on
-    ended, pending, calls = [], [(prompts[1], 4)], generator.calls
-    generator.generate_continuously(prompts[:1], [4], 0.8, lambda row, ids, logprobs: ended.append(row),
-                                    arrivals=lambda: [pending.pop()] if pending else [])
-    assert ended == [0, 1] and generator.calls == calls + 1
     generator.close()
 
 

@@ -2,9 +2,8 @@
 
 from seal_lite.core.interface import TrainingInterface
 from seal_lite.core.recipe import Recipe
-from seal_lite.core.types import StopReason
 from seal_lite.envs.bfcl import load_tasks, official_verdict
-from seal_lite.step.rollout import TokenConversation, opening_messages, rollout_group, rollout_groups
+from seal_lite.step.rollout import rollout_group, rollout_groups
 from tests.helpers import ScriptedGenerator, tool_call_text
 
 
@@ -111,31 +110,3 @@ def test_a_step_is_one_batch_across_tasks_and_chunks_cap_it(smol_tokenizer):
     chunked = rollout_groups(pairs, 2, capped, rollout.model_copy(update={"generation_batch_size": 4}))
     assert capped.batch_sizes == [4, 2, 4, 2]
     assert [[t.completion_ids for t in g] for g in chunked] == [[t.completion_ids for t in g] for g in groups]
-
-
-def test_groups_that_on_group_adds_play_in_the_same_call(smol_tokenizer):
-    """Dynamic sampling's extra groups: what ``on_group`` returns when a group ends plays in the same call (in
-    rounds: from the next one on) and follows the given groups in the result; an added group whose prompt leaves no
-    room for a message ends at once, and is reported in turn."""
-    tasks = [task.truncated(1) for task in load_tasks(["multi_turn_base_0", "multi_turn_base_2", "multi_turn_base_3"])]
-    short, long = TrainingInterface(tool_format="signatures"), TrainingInterface(tool_format="official")
-    rollout = Recipe().rollout.model_copy(update={"max_calls_per_turn": 2, "max_model_calls": 4, "parser": "lenient"})
-    fits = len(TokenConversation(smol_tokenizer, opening_messages(tasks[1], short)).ids) + rollout.max_new_tokens
-    assert len(TokenConversation(smol_tokenizer, opening_messages(tasks[2], long)).ids) > 2 * fits
-    rollout = rollout.model_copy(update={"max_context_tokens": 2 * fits})
-
-    generator = _TaskKeyedGenerator(smol_tokenizer, tasks)
-    reported = []
-
-    def on_group(group):
-        reported.append(group[0].task_id)
-        return [(tasks[1], short), (tasks[2], long)] if group[0].task_id == tasks[0].id else None
-
-    groups = rollout_groups([(tasks[0], short)], 2, generator, rollout, on_group)
-    assert [[t.task_id for t in group] for group in groups] == [[task.id] * 2 for task in tasks]
-    assert reported == [tasks[0].id, tasks[2].id, tasks[1].id]  # the one that cannot start is over at once
-    assert all(t.stop_reason == StopReason.CONTEXT and not t.completion_ids for t in groups[2])
-    # base_0's two rounds (its calls, then "Done."), then base_2's: its group joined when base_0's ended
-    assert generator.batch_sizes == [2, 2, 2, 2] and generator.batches == [
-        {tasks[0].id}, {tasks[0].id}, {tasks[1].id}, {tasks[1].id}]
-    assert all(official_verdict(tasks[1], t.steps_per_turn())["valid"] for t in groups[1])

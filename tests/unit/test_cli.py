@@ -58,17 +58,17 @@ def test_progress_without_a_terminal_prints_each_task_group_and_each_step(capsys
 
     with RichProgress(2) as progress:
         progress.step_started(1, 2)
+        progress.task_done("multi_turn_base_3", [0.0, 1.0, 0.0, 0.0])
         progress.task_done("multi_turn_base_7", [0.0] * 4)
-        progress.task_done("multi_turn_base_9", [1.0, 0.0, 1.0, 1.0], extra=True)  # replaces base_7's group
-        progress.task_done("multi_turn_base_3", [0.0, 1.0, 0.0, 0.0])  # ends after the extra group
+        progress.task_done("multi_turn_base_9", [1.0, 0.0, 1.0, 1.0])  # replaces base_7's group
         progress.step_finished(1, {"reward/mean": 0.125, "reward/update_mean": 0.375, "grpo/weight_min": 1.0,
                                    "grpo/weight_max": 1.5, "interface/version": 1, "time/rollout_s": 30.0,
                                    "grpo/advantage_abs_mean": 0.5, "labels/state_mismatch_rate": 1.0})
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[:3] == ["step 1/2: task 1/2 multi_turn_base_7, rewards [0, 0, 0, 0]",
-                         "step 1/2: extra group 1 (dynamic sampling) multi_turn_base_9, rewards [1, 0, 1, 1]",
-                         "step 1/2: task 2/2 multi_turn_base_3, rewards [0, 1, 0, 0]"]
+    assert lines[:3] == ["step 1/2: task 1/2 multi_turn_base_3, rewards [0, 1, 0, 0]",
+                         "step 1/2: task 2/2 multi_turn_base_7, rewards [0, 0, 0, 0]",
+                         "step 1/2: extra group 1 (dynamic sampling) multi_turn_base_9, rewards [1, 0, 1, 1]"]
     assert lines[3].startswith("step 1/2: reward 0.12 (update batch 0.38)") and "policy update follows" in out
 
 
