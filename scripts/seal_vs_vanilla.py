@@ -232,25 +232,59 @@ def summarize(records: Records) -> dict:
         summary["held_out"] = {"withheld": f"{len(missing)} primary runs not yet evaluated"}
         return summary
     scores = {arm: [pass_rate(runs[arm, seed]["held_out"]) for seed in SEEDS] for arm in PRIMARY}
-    differences = [statistics.fmean(s.values()) - statistics.fmean(v.values())
-                   for s, v in zip(scores["seal"], scores["vanilla"], strict=True)]
+    per_seed = {arm: [statistics.fmean(score.values()) for score in scores[arm]] for arm in PRIMARY}
+    differences = [s - v for s, v in zip(per_seed["seal"], per_seed["vanilla"], strict=True)]
     p, smallest = seed_test(differences, [0.0])
     interval = two_level_bootstrap(scores["seal"], scores["vanilla"], paired=True)
+    pair_sd = statistics.stdev(differences)
     summary["held_out"] = {
-        "per_seed": {arm: [statistics.fmean(score.values()) for score in scores[arm]] for arm in PRIMARY},
+        "per_seed": per_seed,
         "primary": {"mean": statistics.fmean(differences), "low": interval["low"], "high": interval["high"], "p": p,
-                    "smallest_p": smallest,
-                    "pair_sd": statistics.stdev(differences)},
+                    "smallest_p": smallest, "differences": differences},
+        # the pre-registration's power inputs as measured here, and the smallest effect they let the test detect
+        "power": {"seed_sd": {arm: statistics.stdev(per_seed[arm]) for arm in PRIMARY},
+                  "correlation": _correlation(per_seed["seal"], per_seed["vanilla"]), "pair_sd": pair_sd,
+                  "detectable_points": detectable(100 * pair_sd, len(differences))},
         "secondary": {arm: {
             "greedy": statistics.fmean(statistics.fmean(pass_rate(runs[arm, seed]["held_out"], "greedy").values())
                                        for seed in SEEDS),
             "abstention": statistics.fmean(label_share(runs[arm, seed]["held_out"], "correct_abstention", 0)
                                            for seed in SEEDS),
             "no_call": statistics.fmean(label_share(runs[arm, seed]["held_out"], "empty_turn_model_response")
-                                        for seed in SEEDS)} for arm in PRIMARY}}
+                                        for seed in SEEDS),
+            "by_category": {category: statistics.fmean(
+                statistics.fmean(rate for task_id, rate in score.items() if category_of(task_id) == category)
+                for score in scores[arm]) for category in sorted({category_of(task_id) for task_id in scores[arm][0]})},
+        } for arm in PRIMARY},
+        "training_last_quarter": _last_quarters(runs)}
     if base := records.get("base"):
         summary["held_out"]["base"] = statistics.fmean(pass_rate(base["held_out"]).values())
     return summary
+
+
+def category_of(task_id: str) -> str:
+    """A BFCL multi-turn task's category, from its id (multi_turn_miss_param_12 -> miss_param)."""
+    return task_id.removeprefix("multi_turn_").rsplit("_", 1)[0]
+
+
+def _correlation(a: list[float], b: list[float]) -> float | None:
+    """Pearson's correlation of the paired seeds' scores (None when an arm's scores do not vary)."""
+    try:
+        return statistics.correlation(a, b)
+    except statistics.StatisticsError:
+        return None
+
+
+def _last_quarters(runs: dict) -> dict:
+    """The training reward of the last quarter of the steps, per arm and seed, and SEAL - vanilla tested over the
+    seeds (the pre-registration's secondary comparison of the training curves)."""
+    from cpu_experiment import quarter_split
+
+    last = {arm: [statistics.fmean(quarter_split(runs[arm, seed]["training"]["rewards"])[1]) for seed in SEEDS]
+            for arm in PRIMARY}
+    differences = [s - v for s, v in zip(last["seal"], last["vanilla"], strict=True)]
+    p, _ = seed_test(differences, [0.0])
+    return {"per_seed": last, "mean": statistics.fmean(differences), "p": p}
 
 
 def print_summary(summary: dict) -> None:
@@ -264,15 +298,30 @@ def print_summary(summary: dict) -> None:
     if "withheld" in held_out:
         print(f"\nheld out: withheld until every primary run is evaluated ({held_out['withheld']})")
         return
-    primary = held_out["primary"]
-    print(f"\nheld-out pass rate per seed: SEAL {', '.join(f'{100 * v:.1f}' for v in held_out['per_seed']['seal'])}"
-          f"; vanilla {', '.join(f'{100 * v:.1f}' for v in held_out['per_seed']['vanilla'])}")
+    primary, power = held_out["primary"], held_out["power"]
+    print("\n| held-out pass rate, % | " + " | ".join(f"seed {seed}" for seed in SEEDS) + " | mean |")
+    print("|---|" + "---|" * (len(SEEDS) + 1))
+    for arm in PRIMARY:
+        values = held_out["per_seed"][arm]
+        print(f"| {arm} | " + " | ".join(f"{100 * v:.1f}" for v in values) + f" | {100 * statistics.fmean(values):.1f} |")
+    print("| SEAL - vanilla | " + " | ".join(f"{100 * d:+.1f}" for d in primary["differences"])
+          + f" | {100 * primary['mean']:+.1f} |")
     print(f"primary: SEAL - vanilla {100 * primary['mean']:+.1f} points [{100 * primary['low']:+.1f}, "
-          f"{100 * primary['high']:+.1f}], sign-flip test over seeds p = {primary['p']:.2g} (at best "
-          f"{primary['smallest_p']:.2g}); SD of a pair's difference {100 * primary['pair_sd']:.1f} points")
+          f"{100 * primary['high']:+.1f}] (two-level bootstrap, seeds then tasks), sign-flip test over seeds "
+          f"p = {primary['p']:.2g} (at best {primary['smallest_p']:.2g})")
+    correlation = "-" if power["correlation"] is None else f"{power['correlation']:+.2f}"
+    detectable_points = power["detectable_points"]
+    print(f"power as measured: one seed's SD {', '.join(f'{arm} {100 * sd:.1f}' for arm, sd in power['seed_sd'].items())}"
+          f" points, paired seeds' correlation {correlation}, a pair's SD {100 * power['pair_sd']:.1f} points: the "
+          "test detects " + (f"{detectable_points} points or more" if detectable_points else "no effect up to 60 points")
+          + " with 80% power")
     for arm, row in held_out["secondary"].items():
+        categories = ", ".join(f"{category} {100 * rate:.1f}%" for category, rate in row["by_category"].items())
         print(f"{arm}: greedy {100 * row['greedy']:.1f}%, abstention on the first turn {100 * row['abstention']:.1f}%, "
-              f"no-call turns {100 * row['no_call']:.1f}%")
+              f"no-call turns {100 * row['no_call']:.1f}%; by category {categories}")
+    last = held_out["training_last_quarter"]
+    print(f"training reward, last quarter of the steps: SEAL - vanilla {100 * last['mean']:+.1f} points, sign-flip "
+          f"test over seeds p = {last['p']:.2g}")
     if "base" in held_out:
         print(f"base model: {100 * held_out['base']:.1f}%")
 

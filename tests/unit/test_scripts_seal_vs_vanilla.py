@@ -80,37 +80,63 @@ def test_the_frontier_keeps_tasks_solved_sometimes_at_most_eight_of_each_kind():
     assert design.choose_frontier(rates, kinds) == [f"m{i}" for i in range(2, 10)] + ["b0"]
 
 
-def _played(passes: list[int], samples: int = 4) -> dict:
+def _played(passes: list[int], samples: int = 4, ids=("multi_turn_base_0", "multi_turn_base_1",
+                                                      "multi_turn_miss_param_2", "multi_turn_miss_param_3")) -> dict:
     """Held-out plays: task i's samples pass ``passes[i]`` times; first turns abstain when they pass."""
-    return {f"t{i}": {"greedy": [n > 0, ["pass", "pass"]],
-                      "samples": [[j < n, ["correct_abstention" if j < n else "spurious_tool_call", "pass"]]
-                                  for j in range(samples)]}
+    return {ids[i]: {"greedy": [n > 0, ["pass", "pass"]],
+                     "samples": [[j < n, ["correct_abstention" if j < n else "spurious_tool_call", "pass"]]
+                                 for j in range(samples)]}
             for i, n in enumerate(passes)}
 
 
 def test_the_held_out_comparison_is_withheld_until_every_primary_run_is_evaluated(tmp_path):
-    """The pre-registration's rule, then its primary test: the paired sign-flip test over the seeds' differences,
-    with the paired bootstrap interval, and the secondary metrics."""
+    """The pre-registration's rule, then its analysis: per seed each arm's score and the paired difference, the
+    sign-flip test over the seeds' differences with the two-level bootstrap interval, the spread and correlation
+    measured and the effect they let the test detect, the secondary metrics (by category too), and the last
+    quarter of the training rewards compared over seeds."""
     design = _design()
     records = design.Records(tmp_path)
-    training = {"rewards": [0.25, 0.5, 0.5, 0.75], "trajectories": [8] * 4, "updated": 4, "minutes": 20.0}
+    rising, flat = [0.25, 0.5, 0.5, 0.75], [0.25, 0.25, 0.25, 0.25]
     for seed in design.SEEDS:
         for arm in design.PRIMARY:
-            record = {"arm": arm, "seed": seed, "training": training}
-            if not (arm == "seal" and seed == 7):
-                record["held_out"] = _played([4, 2, 0, 1] if arm == "seal" else [3, 2, 0, 0])
+            record = {"arm": arm, "seed": seed, "training": {
+                "rewards": rising if arm == "seal" else flat, "trajectories": [8] * 4, "updated": 4, "minutes": 20.0}}
+            if not (arm == "seal" and seed == 7):  # SEAL passes its last task (miss_param) once on odd seeds
+                record["held_out"] = _played([4, 2, 0, seed % 2] if arm == "seal" else [3, 2, 0, 0])
             records.put(f"{arm}-seed{seed}", record)
     withheld = design.summarize(records)
     assert withheld["held_out"] == {"withheld": "1 primary runs not yet evaluated"}
     assert withheld["training"]["seal-seed0"]["trend"]["tau"] > 0
     records.put("seal-seed7", {**records.get("seal-seed7"), "held_out": _played([4, 2, 0, 1])})
     held_out = design.summarize(records)["held_out"]
-    assert held_out["per_seed"]["seal"] == [pytest.approx(7 / 16)] * 8
-    primary = held_out["primary"]
-    assert primary["mean"] == pytest.approx(2 / 16) and primary["p"] == pytest.approx(2 / 256)
-    assert primary["low"] <= primary["mean"] <= primary["high"] and primary["pair_sd"] == 0
+    assert held_out["per_seed"]["seal"] == [pytest.approx((6 + seed % 2) / 16) for seed in design.SEEDS]
+    primary, power = held_out["primary"], held_out["power"]
+    assert primary["differences"] == [pytest.approx((1 + seed % 2) / 16) for seed in design.SEEDS]
+    assert primary["mean"] == pytest.approx(1.5 / 16) and primary["p"] == pytest.approx(2 / 256)
+    assert primary["low"] <= primary["mean"] <= primary["high"]
+    assert power["pair_sd"] == pytest.approx(0.0334, abs=1e-3) and power["seed_sd"]["vanilla"] == 0
+    assert power["correlation"] is None  # vanilla's scores do not vary
+    assert power["detectable_points"] == design.detectable(100 * power["pair_sd"], 8)
     seal = held_out["secondary"]["seal"]
-    assert seal["greedy"] == 0.75 and seal["abstention"] == pytest.approx(7 / 16) and seal["no_call"] == 0
+    assert seal["greedy"] == pytest.approx(0.625) and seal["no_call"] == 0
+    assert seal["by_category"] == {"base": pytest.approx(0.75), "miss_param": pytest.approx(1 / 16)}
+    assert held_out["secondary"]["vanilla"]["by_category"] == {"base": pytest.approx(5 / 8), "miss_param": 0.0}
+    last = held_out["training_last_quarter"]
+    assert last["per_seed"]["seal"] == [0.75] * 8 and last["mean"] == pytest.approx(0.5) and last["p"] < 0.01
+
+
+def test_the_summary_prints_the_pre_registered_table(tmp_path, capsys):
+    design = _design()
+    records = design.Records(tmp_path)
+    for seed in design.SEEDS:
+        for arm in design.PRIMARY:
+            passes = [4, seed % 3, 1, 0] if arm == "seal" else [3, 2, seed % 2, 0]
+            records.put(f"{arm}-seed{seed}", {"arm": arm, "seed": seed, "held_out": _played(passes), "training": {
+                "rewards": [0.5] * 4, "trajectories": [8] * 4, "updated": 4, "minutes": 20.0}})
+    design.print_summary(design.summarize(records))
+    out = capsys.readouterr().out
+    assert "| SEAL - vanilla | " in out and "two-level bootstrap" in out and "paired seeds' correlation" in out
+    assert "the test detects" in out and "by category base" in out and "last quarter of the steps" in out
 
 
 def test_a_runs_record_holds_what_seals_parts_did(tmp_path, smol_tokenizer):
