@@ -48,6 +48,7 @@ SAMPLE_SEED = 1000  # the held-out samples' random streams, the same for every m
 SCREEN_SAMPLES, FRONTIER_PER_KIND = 4, 8
 MIN_FRONTIER = 2  # the recipe's grpo.tasks_per_step: a step draws 2 distinct tasks
 PRIMARY = ("vanilla", "seal")
+PLACEBO_FLOOR = 0.05  # below this base pass rate, comparisons with the base model wait for a shuffled-reward arm
 
 
 def declines_first(task) -> bool:
@@ -323,7 +324,10 @@ def print_summary(summary: dict) -> None:
     print(f"training reward, last quarter of the steps: SEAL - vanilla {100 * last['mean']:+.1f} points, sign-flip "
           f"test over seeds p = {last['p']:.2g}")
     if "base" in held_out:
-        print(f"base model: {100 * held_out['base']:.1f}%")
+        floor = held_out["base"] < PLACEBO_FLOOR  # the pre-registration's placebo rule
+        print(f"base model: {100 * held_out['base']:.1f}%" + (
+            f" (below {100 * PLACEBO_FLOOR:.0f}%: a gain over it only says the weights changed; no comparison with it "
+            "is reported before a vanilla arm trained on shuffled rewards, the pre-registered placebo)" if floor else ""))
 
 
 def needs_training(record: dict, run_dir: Path) -> bool:

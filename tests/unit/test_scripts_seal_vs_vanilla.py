@@ -133,10 +133,12 @@ def test_the_summary_prints_the_pre_registered_table(tmp_path, capsys):
             passes = [4, seed % 3, 1, 0] if arm == "seal" else [3, 2, seed % 2, 0]
             records.put(f"{arm}-seed{seed}", {"arm": arm, "seed": seed, "held_out": _played(passes), "training": {
                 "rewards": [0.5] * 4, "trajectories": [8] * 4, "updated": 4, "minutes": 20.0}})
+    records.put("base", {"held_out": _played([0, 0, 0, 0])})
     design.print_summary(design.summarize(records))
     out = capsys.readouterr().out
     assert "| SEAL - vanilla | " in out and "two-level bootstrap" in out and "paired seeds' correlation" in out
     assert "the test detects" in out and "by category base" in out and "last quarter of the steps" in out
+    assert "base model: 0.0% (below 5%" in out and "pre-registered placebo" in out
 
 
 def test_a_runs_record_holds_what_seals_parts_did(tmp_path, smol_tokenizer):
