@@ -10,8 +10,11 @@ same command after a stop goes on where it stopped:
 2. per seed, vanilla then SEAL: the run (under --out, not in git), its per-step record (rewards, weights, rho,
    label counts, interface versions), then its held-out plays, greedy and ``SAMPLES`` samples (``ARM-seedN.json``);
 3. the base model's held-out plays (``base.json``);
-4. the summary: training curves at any time; the held-out comparison only once every primary run is evaluated
-   (the pre-registration's rule), then the primary test and the secondary metrics.
+4. if the base model passes less than ``PLACEBO_FLOOR`` of them, the pre-registered placebo: a vanilla arm trained
+   on shuffled rewards (``grpo.shuffle_rewards``), per seed as in 2;
+5. the summary: training curves at any time; the held-out comparison only once every primary run is evaluated
+   (the pre-registration's rule), then the primary test and the secondary metrics (with the placebo, each arm
+   against it).
 
     .venv/bin/python scripts/seal_vs_vanilla.py --design
     nohup .venv/bin/python scripts/seal_vs_vanilla.py --out runs/seal-vs-vanilla >> runs/seal-vs-vanilla.log 2>&1 &
@@ -39,6 +42,8 @@ ARMS = {  # arm -> the values of the five method fields (the paper's SEAL: phi_s
     "vanilla": OFF,
     "seal": {**OFF, "interface.schema_cues": "true", "grpo.diagnosis_weighting": "true", "grpo.closed_loop": "true"},
     "reweight": {**OFF, "grpo.diagnosis_weighting": "true", "grpo.closed_loop": "true"},  # only if budget allows
+    # the pre-registered placebo, run when the base model scores below PLACEBO_FLOOR: vanilla on shuffled rewards
+    "placebo": {**OFF, "grpo.shuffle_rewards": "true"},
 }
 SEEDS = range(8)  # paired: a seed draws the same tasks in the same order in every arm
 HELD_OUT_FILE = ROOT / "data" / "heldout" / "seal-vs-vanilla.txt"
@@ -116,7 +121,7 @@ def power_table(seed_sds=(6.0, 8.0, 11.7), correlations=(0.0, 0.4), pairs=(5, 6,
 
 
 def arm_settings(arm: str, seed: int, frontier: list[str]) -> list[str]:
-    """The recipe fields a run of ``arm`` sets: the common ones, the frontier, the seed and the arm's five."""
+    """The recipe fields a run of ``arm`` sets: the common ones, the frontier, the seed and the arm's own."""
     return [*COMMON, f"data.task_ids=[{','.join(frontier)}]", "data.screen=null", f"seed={seed}",
             *(f"{key}={value}" for key, value in ARMS[arm].items())]
 
@@ -234,14 +239,11 @@ def summarize(records: Records) -> dict:
         return summary
     scores = {arm: [pass_rate(runs[arm, seed]["held_out"]) for seed in SEEDS] for arm in PRIMARY}
     per_seed = {arm: [statistics.fmean(score.values()) for score in scores[arm]] for arm in PRIMARY}
-    differences = [s - v for s, v in zip(per_seed["seal"], per_seed["vanilla"], strict=True)]
-    p, smallest = seed_test(differences, [0.0])
-    interval = two_level_bootstrap(scores["seal"], scores["vanilla"], paired=True)
-    pair_sd = statistics.stdev(differences)
+    primary = paired_comparison(scores["seal"], scores["vanilla"])
+    differences, pair_sd = primary["differences"], statistics.stdev(primary["differences"])
     summary["held_out"] = {
         "per_seed": per_seed,
-        "primary": {"mean": statistics.fmean(differences), "low": interval["low"], "high": interval["high"], "p": p,
-                    "smallest_p": smallest, "differences": differences},
+        "primary": primary,
         # the pre-registration's power inputs as measured here, and the smallest effect they let the test detect
         "power": {"seed_sd": {arm: statistics.stdev(per_seed[arm]) for arm in PRIMARY},
                   "correlation": _correlation(per_seed["seal"], per_seed["vanilla"]), "pair_sd": pair_sd,
@@ -258,9 +260,23 @@ def summarize(records: Records) -> dict:
                 for score in scores[arm]) for category in sorted({category_of(task_id) for task_id in scores[arm][0]})},
         } for arm in PRIMARY},
         "training_last_quarter": _last_quarters(runs)}
+    if all(("placebo", seed) in evaluated for seed in SEEDS):  # the placebo rule's arm, once all its seeds are in
+        placebo = [pass_rate(runs["placebo", seed]["held_out"]) for seed in SEEDS]
+        summary["held_out"]["placebo"] = {"per_seed": [statistics.fmean(score.values()) for score in placebo],
+                                          **{arm: paired_comparison(scores[arm], placebo) for arm in PRIMARY}}
     if base := records.get("base"):
         summary["held_out"]["base"] = statistics.fmean(pass_rate(base["held_out"]).values())
     return summary
+
+
+def paired_comparison(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict:
+    """Arm a minus arm b, seeds paired (each a task -> score dict): the per-seed differences, their mean with the
+    two-level bootstrap interval (pairs, then tasks), and the exact sign-flip test over the seeds."""
+    differences = [statistics.fmean(x.values()) - statistics.fmean(y.values()) for x, y in zip(a, b, strict=True)]
+    p, smallest = seed_test(differences, [0.0])
+    interval = two_level_bootstrap(a, b, paired=True)
+    return {"mean": statistics.fmean(differences), "low": interval["low"], "high": interval["high"], "p": p,
+            "smallest_p": smallest, "differences": differences}
 
 
 def category_of(task_id: str) -> str:
@@ -324,10 +340,17 @@ def print_summary(summary: dict) -> None:
     print(f"training reward, last quarter of the steps: SEAL - vanilla {100 * last['mean']:+.1f} points, sign-flip "
           f"test over seeds p = {last['p']:.2g}")
     if "base" in held_out:
-        floor = held_out["base"] < PLACEBO_FLOOR  # the pre-registration's placebo rule
+        floor = held_out["base"] < PLACEBO_FLOOR and "placebo" not in held_out  # the pre-registration's placebo rule
         print(f"base model: {100 * held_out['base']:.1f}%" + (
             f" (below {100 * PLACEBO_FLOOR:.0f}%: a gain over it only says the weights changed; no comparison with it "
             "is reported before a vanilla arm trained on shuffled rewards, the pre-registered placebo)" if floor else ""))
+    if "placebo" in held_out:
+        placebo = held_out["placebo"]
+        print(f"placebo (vanilla on shuffled rewards) per seed: {', '.join(f'{100 * v:.1f}' for v in placebo['per_seed'])}")
+        for arm in PRIMARY:
+            row = placebo[arm]
+            print(f"{arm} - placebo: {100 * row['mean']:+.1f} points [{100 * row['low']:+.1f}, {100 * row['high']:+.1f}], "
+                  f"sign-flip test over seeds p = {row['p']:.2g}: the gain of training on the real verdicts")
 
 
 def needs_training(record: dict, run_dir: Path) -> bool:
@@ -339,11 +362,9 @@ def needs_training(record: dict, run_dir: Path) -> bool:
 
 
 def run(out: Path, records: Records, arms: list[str]) -> None:
-    """Phases 1-3, each part skipped once recorded; a run left unfinished in --out resumes."""
+    """Phases 1-4, each part skipped once recorded; a run left unfinished in --out resumes."""
     from seal_lite.api import parse_overrides
     from seal_lite.core.recipe import load_recipe
-    from seal_lite.runs.evaluate_bfcl import run_variants
-    from seal_lite.runs.run_dir import run_status
 
     frontier = screen(out, records)
     print(f"frontier: {len(frontier)} tasks: {' '.join(frontier)}", flush=True)
@@ -354,21 +375,39 @@ def run(out: Path, records: Records, arms: list[str]) -> None:
                          "before a run starts.")
     for seed in SEEDS:
         for arm in arms:
-            name, run_dir = f"{arm}-seed{seed}", out / f"{arm}-seed{seed}"
-            record = records.get(name) or {}
-            if needs_training(record, run_dir):
-                if run_status(run_dir) != "finished":
-                    seal_lite("run", RECIPE, "--out", str(run_dir), *sets(arm_settings(arm, seed, frontier)))
-                record = {"arm": arm, "seed": seed, "settings": arm_settings(arm, seed, frontier),
-                          "machine": machine(), "training": training_record(run_dir)}
-                records.put(name, record)
-            if "held_out" not in record:
-                _, recipe, [(_, adapter)] = run_variants(run_dir, {}, base=False, steps=())
-                record["held_out"] = play_held_out(recipe, adapter, out / f"{name}-eval")
-                records.put(name, record)
+            train_and_play(arm, seed, frontier, out, records)
     if records.get("base") is None:
         recipe = load_recipe(ROOT / RECIPE, parse_overrides(tuple(arm_settings("vanilla", 0, frontier))))
         records.put("base", {"machine": machine(), "held_out": play_held_out(recipe, None, out / "base-eval")})
+    if needs_placebo(records):
+        for seed in SEEDS:
+            train_and_play("placebo", seed, frontier, out, records)
+
+
+def train_and_play(arm: str, seed: int, frontier: list[str], out: Path, records: Records) -> None:
+    """One run of ``arm`` and its held-out plays, each recorded as it ends (skipped once recorded)."""
+    from seal_lite.runs.evaluate_bfcl import run_variants
+    from seal_lite.runs.run_dir import run_status
+
+    name, run_dir = f"{arm}-seed{seed}", out / f"{arm}-seed{seed}"
+    record = records.get(name) or {}
+    if needs_training(record, run_dir):
+        if run_status(run_dir) != "finished":
+            seal_lite("run", RECIPE, "--out", str(run_dir), *sets(arm_settings(arm, seed, frontier)))
+        record = {"arm": arm, "seed": seed, "settings": arm_settings(arm, seed, frontier),
+                  "machine": machine(), "training": training_record(run_dir)}
+        records.put(name, record)
+    if "held_out" not in record:
+        _, recipe, [(_, adapter)] = run_variants(run_dir, {}, base=False, steps=())
+        record["held_out"] = play_held_out(recipe, adapter, out / f"{name}-eval")
+        records.put(name, record)
+
+
+def needs_placebo(records: Records) -> bool:
+    """The pre-registration's rule: the shuffled-reward arm runs when the base model's held-out pass rate is below
+    PLACEBO_FLOOR (a gain over it would only say that the weights changed)."""
+    base = records.get("base")
+    return base is not None and statistics.fmean(pass_rate(base["held_out"]).values()) < PLACEBO_FLOOR
 
 
 def main() -> None:

@@ -268,6 +268,11 @@ class GRPOConfig(Section):
         "all", description="Which advantages the diagnosis weight scales."
     )
     closed_loop: bool = Field(True, description="Update label utilities rho each step (docs/method.md §5).")
+    shuffle_rewards: bool = Field(
+        False, description="A placebo control for experiments (not in the paper): each group's rewards are permuted "
+        "among its trajectories before the advantages, so the update gets the same advantages, unlinked from what "
+        "passed. The store, the reward curve and the failure statistics keep the real verdicts.",
+    )
     utilities: dict[str, float] = Field(
         {}, description="Base utility b_z per label, e.g. {state_mismatch: 1.2} (default: docs/method.md §3's table): "
         "rho starts there, the closed-loop target scales it, and pass keeps it; with closed_loop false rho stays at it.",

@@ -159,8 +159,9 @@ class SealStep:
         # 6. Update the failure statistics C_t.
         for trajectory_labels, trajectory_reward in zip(labels, reward):
             self.statistics.add(trajectory_labels, trajectory_reward)
-        # 7. Group advantages.
-        advantages = [a for start in range(0, len(reward), G) for a in group_advantages(reward[start : start + G])]
+        # 7. Group advantages. (A placebo run permutes each group's rewards first: grpo.shuffle_rewards.)
+        trained = self._shuffled(reward) if self.recipe.grpo.shuffle_rewards else reward
+        advantages = [a for start in range(0, len(reward), G) for a in group_advantages(trained[start : start + G])]
         # 8. Diagnosis weights, then weighted advantages. The weights read rho after this step's closed-loop
         # update from C_t (§5), which the paper lists under step 10.
         if self.recipe.grpo.closed_loop:
@@ -192,6 +193,17 @@ class SealStep:
         if distributed.world_size() == 1:
             return RolloutBatch.from_trajectories(trajectories, reward, weighted)
         return RolloutBatch.from_trajectories(trajectories[mine], reward[mine], weighted[mine], any(weighted))
+
+    def _shuffled(self, reward: list[float]) -> list[float]:
+        """Each group's rewards permuted among its G trajectories, in an order fixed by seed and step (every process
+        draws the same): the placebo of ``grpo.shuffle_rewards``."""
+        G, permuted = self.recipe.rollout.num_generations, []
+        draw = random.Random(f"placebo-{self.recipe.seed}-{self.step}")
+        for start in range(0, len(reward), G):
+            group = reward[start : start + G]
+            draw.shuffle(group)
+            permuted += group
+        return permuted
 
     def _save(self, records: StepRecords) -> dict[str, float]:
         """Write the step's rows in one transaction; its metrics, with the seconds that took."""

@@ -1,5 +1,6 @@
 """scripts/seal_vs_vanilla.py: issue 41's pre-registered design (arms, tasks, held-out set, power)."""
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,10 @@ def _design():
     return load_script("seal_vs_vanilla")
 
 
-def test_the_arms_are_the_papers_seal_vanilla_and_weighting_alone():
+def test_the_arms_are_the_papers_seal_vanilla_weighting_alone_and_the_placebo():
     """Each arm is the recipe with the common settings and exactly its five method fields; the SEAL arm is the
-    paper's (phi_schema, weighting, closed-loop rho; phi_err and phi_cap off)."""
+    paper's (phi_schema, weighting, closed-loop rho; phi_err and phi_cap off); the placebo is vanilla on shuffled
+    rewards."""
     from seal_lite.api import parse_overrides
 
     design = _design()
@@ -27,13 +29,16 @@ def test_the_arms_are_the_papers_seal_vanilla_and_weighting_alone():
         sets = [*design.COMMON, *(f"{key}={value}" for key, value in design.ARMS[name].items())]
         return load_recipe(ROOT / design.RECIPE, parse_overrides(tuple(sets)))
 
-    vanilla, seal, reweight = arm("vanilla"), arm("seal"), arm("reweight")
+    vanilla, seal, reweight, placebo = arm("vanilla"), arm("seal"), arm("reweight"), arm("placebo")
     assert vanilla.rollout.max_turns == 2 and vanilla.grpo.steps == 12 and vanilla.diagnoser.mode == "off"
     assert not any([vanilla.interface.schema_cues, vanilla.interface.recovery_feedback,
                     vanilla.interface.capability_hints, vanilla.grpo.diagnosis_weighting, vanilla.grpo.closed_loop])
     assert seal.interface.schema_cues and seal.grpo.diagnosis_weighting and seal.grpo.closed_loop
     assert not seal.interface.recovery_feedback and not seal.interface.capability_hints
     assert not reweight.interface.schema_cues and reweight.grpo.diagnosis_weighting and reweight.grpo.closed_loop
+    assert placebo.grpo.shuffle_rewards  # vanilla in all else: the pre-registered placebo
+    assert placebo.model_copy(update={"grpo": placebo.grpo.model_copy(update={"shuffle_rewards": False})}) == vanilla
+    assert not vanilla.grpo.shuffle_rewards and not seal.grpo.shuffle_rewards
     assert list(design.SEEDS) == list(range(8))
 
 
@@ -139,6 +144,29 @@ def test_the_summary_prints_the_pre_registered_table(tmp_path, capsys):
     assert "| SEAL - vanilla | " in out and "two-level bootstrap" in out and "paired seeds' correlation" in out
     assert "the test detects" in out and "by category base" in out and "last quarter of the steps" in out
     assert "base model: 0.0% (below 5%" in out and "pre-registered placebo" in out
+
+    for seed in design.SEEDS:  # the placebo arm's runs, once the rule called for them
+        records.put(f"placebo-seed{seed}", {"arm": "placebo", "seed": seed, "held_out": _played([1, 0, 0, 0]),
+                                            "training": {"rewards": [0.5] * 4, "trajectories": [8] * 4, "updated": 4,
+                                                         "minutes": 20.0}})
+    summary = design.summarize(records)
+    placebo = summary["held_out"]["placebo"]
+    assert placebo["per_seed"] == [pytest.approx(1 / 16)] * 8
+    assert placebo["vanilla"]["mean"] == pytest.approx(statistics.fmean(summary["held_out"]["per_seed"]["vanilla"]) - 1 / 16)
+    assert placebo["seal"]["p"] == pytest.approx(2 / 256)  # SEAL beats the placebo on every seed
+    design.print_summary(summary)
+    out = capsys.readouterr().out
+    assert "below 5%" not in out and "vanilla - placebo" in out and "seal - placebo" in out
+
+
+def test_the_placebo_arm_runs_only_when_the_base_model_sits_at_the_floor(tmp_path):
+    design = _design()
+    records = design.Records(tmp_path)
+    assert not design.needs_placebo(records)  # no base model played yet
+    records.put("base", {"held_out": _played([1, 0, 0, 0])})  # 1 of 16 samples: 6.25%
+    assert not design.needs_placebo(records)
+    records.put("base", {"held_out": _played([0, 0, 0, 0])})
+    assert design.needs_placebo(records)
 
 
 def test_a_runs_record_holds_what_seals_parts_did(tmp_path, smol_tokenizer):
