@@ -295,10 +295,9 @@ def _correlation(a: list[float], b: list[float]) -> float | None:
 def _last_quarters(runs: dict) -> dict:
     """The training reward of the last quarter of the steps, per arm and seed, and SEAL - vanilla tested over the
     seeds (the pre-registration's secondary comparison of the training curves)."""
-    from cpu_experiment import quarter_split
+    from cpu_experiment import quarters
 
-    last = {arm: [statistics.fmean(quarter_split(runs[arm, seed]["training"]["rewards"])[1]) for seed in SEEDS]
-            for arm in PRIMARY}
+    last = {arm: [quarters(runs[arm, seed]["training"]["rewards"])[1] for seed in SEEDS] for arm in PRIMARY}
     differences = [s - v for s, v in zip(last["seal"], last["vanilla"], strict=True)]
     p, _ = seed_test(differences, [0.0])
     return {"per_seed": last, "mean": statistics.fmean(differences), "p": p}
