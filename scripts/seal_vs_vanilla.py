@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_experiment import Records, machine, seal_lite, seed_test, sets, two_level_bootstrap  # noqa: E402
+from cpu_experiment import Records, machine, seal_lite, seed_means, seed_test, sets, two_level_bootstrap  # noqa: E402
 
 RECIPE = "recipes/cpu-learn.yaml"
 # every arm: the recipe with the first two user turns, 12 steps, rule labels
@@ -238,7 +238,7 @@ def summarize(records: Records) -> dict:
         summary["held_out"] = {"withheld": f"{len(missing)} primary runs not yet evaluated"}
         return summary
     scores = {arm: [pass_rate(runs[arm, seed]["held_out"]) for seed in SEEDS] for arm in PRIMARY}
-    per_seed = {arm: [statistics.fmean(score.values()) for score in scores[arm]] for arm in PRIMARY}
+    per_seed = {arm: seed_means(scores[arm]) for arm in PRIMARY}
     primary = paired_comparison(scores["seal"], scores["vanilla"])
     differences, pair_sd = primary["differences"], statistics.stdev(primary["differences"])
     summary["held_out"] = {
@@ -262,17 +262,17 @@ def summarize(records: Records) -> dict:
         "training_last_quarter": _last_quarters(runs)}
     if all(("placebo", seed) in evaluated for seed in SEEDS):  # the placebo rule's arm, once all its seeds are in
         placebo = [pass_rate(runs["placebo", seed]["held_out"]) for seed in SEEDS]
-        summary["held_out"]["placebo"] = {"per_seed": [statistics.fmean(score.values()) for score in placebo],
+        summary["held_out"]["placebo"] = {"per_seed": seed_means(placebo),
                                           **{arm: paired_comparison(scores[arm], placebo) for arm in PRIMARY}}
     if base := records.get("base"):
-        summary["held_out"]["base"] = statistics.fmean(pass_rate(base["held_out"]).values())
+        summary["held_out"]["base"] = base_pass_rate(base)
     return summary
 
 
 def paired_comparison(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict:
     """Arm a minus arm b, seeds paired (each a task -> score dict): the per-seed differences, their mean with the
     two-level bootstrap interval (pairs, then tasks), and the exact sign-flip test over the seeds."""
-    differences = [statistics.fmean(x.values()) - statistics.fmean(y.values()) for x, y in zip(a, b, strict=True)]
+    differences = [x - y for x, y in zip(seed_means(a), seed_means(b), strict=True)]
     p, smallest = seed_test(differences, [0.0])
     interval = two_level_bootstrap(a, b, paired=True)
     return {"mean": statistics.fmean(differences), "low": interval["low"], "high": interval["high"], "p": p,
@@ -406,7 +406,12 @@ def needs_placebo(records: Records) -> bool:
     """The pre-registration's rule: the shuffled-reward arm runs when the base model's held-out pass rate is below
     PLACEBO_FLOOR (a gain over it would only say that the weights changed)."""
     base = records.get("base")
-    return base is not None and statistics.fmean(pass_rate(base["held_out"]).values()) < PLACEBO_FLOOR
+    return base is not None and base_pass_rate(base) < PLACEBO_FLOOR
+
+
+def base_pass_rate(base: dict) -> float:
+    """The base model's held-out pass rate (the primary metric)."""
+    return statistics.fmean(pass_rate(base["held_out"]).values())
 
 
 def main() -> None:
