@@ -213,11 +213,22 @@ def pass_rate(played: dict[str, dict], key: str = "samples") -> dict[str, float]
             else float(plays["greedy"][0]) for task_id, plays in played.items()}
 
 
-def label_share(played: dict[str, dict], label: str, turn: int | None = None) -> float:
-    """The share of the sampled plays' turns (only turn ``turn``, if given) labelled ``label``."""
-    turns = [labels[index] for plays in played.values() for _, labels in plays["samples"]
+def label_share(played: dict[str, dict], label: str, turn: int | None = None, category: str | None = None) -> float:
+    """The share of the sampled plays' turns (only turn ``turn``, and only tasks of ``category``, if given) labelled
+    ``label``."""
+    turns = [labels[index] for task_id, plays in played.items() if category in (None, category_of(task_id))
+             for _, labels in plays["samples"]
              for index in (range(len(labels)) if turn is None else [turn]) if index < len(labels)]
     return turns.count(label) / max(1, len(turns))
+
+
+def secondary_metrics(played: dict[str, dict]) -> dict[str, float]:
+    """One model's pre-registered secondary metrics: the greedy pass rate, abstention accuracy (the miss_param tasks'
+    first turns, which must be declined, labelled ``correct_abstention``) and the no-call rate (turns labelled
+    ``empty_turn_model_response``)."""
+    return {"greedy": statistics.fmean(pass_rate(played, "greedy").values()),
+            "abstention": label_share(played, "correct_abstention", turn=0, category="miss_param"),
+            "no_call": label_share(played, "empty_turn_model_response")}
 
 
 def summarize(records: Records) -> dict:
@@ -241,6 +252,8 @@ def summarize(records: Records) -> dict:
     per_seed = {arm: seed_means(scores[arm]) for arm in PRIMARY}
     primary = paired_comparison(scores["seal"], scores["vanilla"])
     differences, pair_sd = primary["differences"], statistics.stdev(primary["differences"])
+    secondary = {arm: {name: [secondary_metrics(runs[arm, seed]["held_out"])[name] for seed in SEEDS]
+                       for name in ("greedy", "abstention", "no_call")} for arm in PRIMARY}
     summary["held_out"] = {
         "per_seed": per_seed,
         "primary": primary,
@@ -249,16 +262,14 @@ def summarize(records: Records) -> dict:
                   "correlation": _correlation(per_seed["seal"], per_seed["vanilla"]), "pair_sd": pair_sd,
                   "detectable_points": detectable(100 * pair_sd, len(differences))},
         "secondary": {arm: {
-            "greedy": statistics.fmean(statistics.fmean(pass_rate(runs[arm, seed]["held_out"], "greedy").values())
-                                       for seed in SEEDS),
-            "abstention": statistics.fmean(label_share(runs[arm, seed]["held_out"], "correct_abstention", 0)
-                                           for seed in SEEDS),
-            "no_call": statistics.fmean(label_share(runs[arm, seed]["held_out"], "empty_turn_model_response")
-                                        for seed in SEEDS),
+            **{name: statistics.fmean(values) for name, values in secondary[arm].items()},
             "by_category": {category: statistics.fmean(
                 statistics.fmean(rate for task_id, rate in score.items() if category_of(task_id) == category)
                 for score in scores[arm]) for category in sorted({category_of(task_id) for task_id in scores[arm][0]})},
         } for arm in PRIMARY},
+        # SEAL - vanilla on each secondary metric, seeds paired as in the primary test; reported without a claim
+        "secondary_differences": {name: _paired_seeds(secondary["seal"][name], secondary["vanilla"][name])
+                                  for name in secondary["seal"]},
         "training_last_quarter": _last_quarters(runs)}
     if all(("placebo", seed) in evaluated for seed in SEEDS):  # the placebo rule's arm, once all its seeds are in
         placebo = [pass_rate(runs["placebo", seed]["held_out"]) for seed in SEEDS]
@@ -292,15 +303,20 @@ def _correlation(a: list[float], b: list[float]) -> float | None:
         return None
 
 
+def _paired_seeds(a: list[float], b: list[float]) -> dict:
+    """a - b per seed, their mean and the exact sign-flip test over the seeds."""
+    differences = [x - y for x, y in zip(a, b, strict=True)]
+    return {"per_seed": differences, "mean": statistics.fmean(differences), "p": seed_test(differences, [0.0])[0]}
+
+
 def _last_quarters(runs: dict) -> dict:
     """The training reward of the last quarter of the steps, per arm and seed, and SEAL - vanilla tested over the
     seeds (the pre-registration's secondary comparison of the training curves)."""
     from cpu_experiment import quarters
 
     last = {arm: [quarters(runs[arm, seed]["training"]["rewards"])[1] for seed in SEEDS] for arm in PRIMARY}
-    differences = [s - v for s, v in zip(last["seal"], last["vanilla"], strict=True)]
-    p, _ = seed_test(differences, [0.0])
-    return {"per_seed": last, "mean": statistics.fmean(differences), "p": p}
+    paired = _paired_seeds(last["seal"], last["vanilla"])
+    return {"per_seed": last, "mean": paired["mean"], "p": paired["p"]}
 
 
 def print_summary(summary: dict) -> None:
@@ -333,8 +349,11 @@ def print_summary(summary: dict) -> None:
           + " with 80% power")
     for arm, row in held_out["secondary"].items():
         categories = ", ".join(f"{category} {100 * rate:.1f}%" for category, rate in row["by_category"].items())
-        print(f"{arm}: greedy {100 * row['greedy']:.1f}%, abstention on the first turn {100 * row['abstention']:.1f}%, "
-              f"no-call turns {100 * row['no_call']:.1f}%; by category {categories}")
+        print(f"{arm}: greedy {100 * row['greedy']:.1f}%, abstention on the miss_param first turns "
+              f"{100 * row['abstention']:.1f}%, no-call turns {100 * row['no_call']:.1f}%; by category {categories}")
+    print("secondary, SEAL - vanilla per seed (no claim): " + "; ".join(
+        f"{name} {100 * row['mean']:+.1f} points ({' '.join(f'{100 * d:+.1f}' for d in row['per_seed'])}), "
+        f"sign-flip p = {row['p']:.2g}" for name, row in held_out["secondary_differences"].items()))
     last = held_out["training_last_quarter"]
     print(f"training reward, last quarter of the steps: SEAL - vanilla {100 * last['mean']:+.1f} points, sign-flip "
           f"test over seeds p = {last['p']:.2g}")

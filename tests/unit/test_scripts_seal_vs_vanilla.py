@@ -124,6 +124,11 @@ def test_the_held_out_comparison_is_withheld_until_every_primary_run_is_evaluate
     assert power["detectable_points"] == design.detectable(100 * power["pair_sd"], 8)
     seal = held_out["secondary"]["seal"]
     assert seal["greedy"] == pytest.approx(0.625) and seal["no_call"] == 0
+    # abstention counts the miss_param tasks' first turns only (the base tasks' abstaining first turns do not count)
+    assert seal["abstention"] == pytest.approx(1 / 16) and held_out["secondary"]["vanilla"]["abstention"] == 0
+    abstention = held_out["secondary_differences"]["abstention"]
+    assert abstention["per_seed"] == [pytest.approx((seed % 2) / 8) for seed in design.SEEDS]
+    assert abstention["p"] == pytest.approx(2 / 16)  # four equal positive differences, four zeros
     assert seal["by_category"] == {"base": pytest.approx(0.75), "miss_param": pytest.approx(1 / 16)}
     assert held_out["secondary"]["vanilla"]["by_category"] == {"base": pytest.approx(5 / 8), "miss_param": 0.0}
     last = held_out["training_last_quarter"]
