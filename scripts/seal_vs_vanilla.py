@@ -252,8 +252,8 @@ def summarize(records: Records) -> dict:
     per_seed = {arm: seed_means(scores[arm]) for arm in PRIMARY}
     primary = paired_comparison(scores["seal"], scores["vanilla"])
     differences, pair_sd = primary["differences"], statistics.stdev(primary["differences"])
-    secondary = {arm: {name: [secondary_metrics(runs[arm, seed]["held_out"])[name] for seed in SEEDS]
-                       for name in ("greedy", "abstention", "no_call")} for arm in PRIMARY}
+    by_seed = {arm: [secondary_metrics(runs[arm, seed]["held_out"]) for seed in SEEDS] for arm in PRIMARY}
+    secondary = {arm: {name: [row[name] for row in rows] for name in rows[0]} for arm, rows in by_seed.items()}
     summary["held_out"] = {
         "per_seed": per_seed,
         "primary": primary,
