@@ -325,9 +325,11 @@ class Checks:
             "rollout.max_context_tokens": context, "rollout.max_new_tokens": new,
             "rollout.generation_token_budget": rows_per_call * context})
         cap = card_gb * memory.GIB - memory.CUDA_CONTEXT  # the CUDA context lies outside the allocator's cap
-        if cuda:
+        leftover = 0
+        if cuda:  # what earlier checks of this process still hold (Unsloth's keep 2.3 GB) is not the recipe's
             gpu_memory._empty_caches()
-            gpu_memory.cap_memory(cap / memory.GIB)
+            leftover = torch.cuda.memory_allocated()
+            gpu_memory.cap_memory((cap + leftover) / memory.GIB)
         engine = "unsloth" if self.backend == "unsloth" else "peft"  # generate through the LoRA, as a run does
         try:
             policy = load_policy(model_dir, recipe)
@@ -340,13 +342,13 @@ class Checks:
             width = context - new  # a row as wide as a prompt may be
             episodes = [SimpleNamespace(conversation=SimpleNamespace(ids=range(width)))] * (rows_per_call + 1)
             rows = len(generation_chunks(episodes, recipe.rollout)[0])
-            resident = torch.cuda.memory_allocated() if cuda else None
+            resident = torch.cuda.memory_allocated() - leftover if cuda else None
             try:
                 peak = _generate_peak(policy, rows, width, 16, cuda)  # 16 new tokens: the prefill is the peak
                 error = None
             except torch.OutOfMemoryError as out_of_memory:
                 peak, error = None, str(out_of_memory)[:300]
-            total = torch.cuda.max_memory_allocated() if cuda else None
+            total = torch.cuda.max_memory_allocated() - leftover if cuda else None
             modelled = (memory.resident_bytes(shape, policy.dtype.itemsize, True, recipe.policy.lora_r)
                         + memory.generate_peak(shape, rows, width, 16, policy.dtype.itemsize, engine))
             del policy, optimizer_state
@@ -355,8 +357,9 @@ class Checks:
             if cuda:
                 torch.cuda.set_per_process_memory_fraction(1.0, 0)
         return {"ok": error is None, "recipe": name, "layers": shape.layers, "rows": rows, "width": width,
-                "card_gb": card_gb, "cap_gb": _gib(cap) if cuda else None, "resident_gb": _gib(resident),
-                "call_gb": _gib(peak), "peak_gb": _gib(total), "model_gb": _gib(modelled),
+                "card_gb": card_gb, "cap_gb": _gib(cap) if cuda else None,
+                "leftover_gb": _gib(leftover) if cuda else None, "resident_gb": _gib(resident), "call_gb": _gib(peak),
+                "peak_gb": _gib(total), "model_gb": _gib(modelled),
                 "model_over_measured": round(modelled / total, 3) if total else None, "error": error}
 
     def _full_model_dir(self, shape: memory.Shape) -> str:

@@ -54,6 +54,7 @@ def test_kv_cache_per_token_of_the_gpu_models():
 
 
 H200 = ROOT / "benchmarks" / "results" / "gpu-check-h200"
+H100 = ROOT / "benchmarks" / "results" / "gpu-check-h100"
 
 
 def _h200_calls(engine: str) -> list[dict]:
@@ -86,16 +87,33 @@ def test_the_model_foretells_which_full_depth_recipe_calls_fitted_their_card_on_
     assert len(records) == 6
     outcomes = []
     for record in map(json.loads, (path.read_text() for path in records)):
-        shape = KNOWN_SHAPES[load_recipe(ROOT / "recipes" / f"{record['recipe']}.yaml").policy.model]
-        engine = "unsloth" if record["check"].startswith("unsloth") else "peft"
-        resident = resident_bytes(shape, 2, quantized=True, lora_rank=16)
-        total = (resident + generate_peak(shape, record["rows"], record["width"], 16, 2, engine)) / GIB
+        total = _modelled_fit_gb(record)
         if record["ok"]:
             assert 0.9 <= total / record["peak_gb"] <= 1.1, record
         else:
             assert total > record["cap_gb"] and "out of memory" in record["error"], record
         outcomes.append((record["check"], record["ok"]))
     assert sorted(check for check, ok in outcomes if not ok) == ["peft-4bit-fit_24gb", "peft-4bit-fit_80gb"]
+
+
+def test_the_peft_path_fitted_gpu_24gbs_shipped_budget_on_an_h100():
+    """The H100's gpu_check.sh (2026-12-05) ran peft-4bit's fit_24gb at the budget the H200's fit checks led to: the
+    call fitted, and the model is within 10% of its peak. The rows must be the shipped recipe's, so a larger budget
+    is no longer vouched for by this record."""
+    record = json.loads((H100 / "run1" / "peft-4bit-fit_24gb.json").read_text())
+    rollout = load_recipe(ROOT / "recipes" / "gpu-24gb.yaml").rollout
+    assert record["ok"] and record["peak_gb"] < record["cap_gb"]
+    assert record["rows"] == rollout.generation_token_budget // rollout.max_context_tokens
+    assert record["width"] == rollout.max_context_tokens - rollout.max_new_tokens
+    assert 0.9 <= _modelled_fit_gb(record) / record["peak_gb"] <= 1.1, record
+
+
+def _modelled_fit_gb(record: dict) -> float:
+    """The memory model's peak for a fit check's call: the 4-bit model with its LoRA, then the call, bf16."""
+    shape = KNOWN_SHAPES[load_recipe(ROOT / "recipes" / f"{record['recipe']}.yaml").policy.model]
+    engine = "unsloth" if record["check"].startswith("unsloth") else "peft"
+    resident = resident_bytes(shape, 2, quantized=True, lora_rank=16)
+    return (resident + generate_peak(shape, record["rows"], record["width"], 16, 2, engine)) / GIB
 
 
 def test_the_models_generate_peaks_are_within_20_percent_of_measured_ones_on_this_cpu():
