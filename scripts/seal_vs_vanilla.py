@@ -27,11 +27,13 @@ import argparse
 import itertools
 import statistics
 import sys
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_experiment import Records, machine, seal_lite, seed_means, seed_test, sets, two_level_bootstrap  # noqa: E402
+from cpu_experiment import Records, machine, quarters, seal_lite, seed_means, seed_test, sets, two_level_bootstrap  # noqa: E402
 
 RECIPE = "recipes/cpu-learn.yaml"
 # every arm: the recipe with the first two user turns, 12 steps, rule labels
@@ -271,13 +273,32 @@ def summarize(records: Records) -> dict:
         "secondary_differences": {name: _paired_seeds(secondary["seal"][name], secondary["vanilla"][name])
                                   for name in secondary["seal"]},
         "training_last_quarter": _last_quarters(runs)}
+    passes = {arm: passes_by_task(runs[arm, seed]["held_out"] for seed in SEEDS) for arm in PRIMARY}
     if all(("placebo", seed) in evaluated for seed in SEEDS):  # the placebo rule's arm, once all its seeds are in
         placebo = [pass_rate(runs["placebo", seed]["held_out"]) for seed in SEEDS]
-        summary["held_out"]["placebo"] = {"per_seed": seed_means(placebo),
-                                          **{arm: paired_comparison(scores[arm], placebo) for arm in PRIMARY}}
+        played = [runs["placebo", seed]["held_out"] for seed in SEEDS]
+        curves = [quarters(runs["placebo", seed]["training"]["rewards"]) for seed in SEEDS]
+        summary["held_out"]["placebo"] = {
+            "per_seed": seed_means(placebo), **{arm: paired_comparison(scores[arm], placebo) for arm in PRIMARY},
+            "secondary": {name: statistics.fmean(secondary_metrics(one)[name] for one in played)
+                          for name in ("greedy", "abstention", "no_call")},
+            "training_quarters": [statistics.fmean(first for first, _ in curves),
+                                  statistics.fmean(last for _, last in curves)]}
+        passes["placebo"] = passes_by_task(played)
     if base := records.get("base"):
         summary["held_out"]["base"] = base_pass_rate(base)
+        summary["held_out"]["base_secondary"] = secondary_metrics(base["held_out"])
+        passes["base"] = passes_by_task([base["held_out"]])
+    summary["held_out"]["passes_by_task"] = passes  # which held-out tasks the sampled passes came from
     return summary
+
+
+def passes_by_task(plays: Iterable[dict[str, dict]]) -> dict[str, int]:
+    """task id -> how many of its sampled plays passed, over the given models' plays (tasks never passed left out)."""
+    counts = Counter()
+    for played in plays:
+        counts.update({task_id: sum(valid for valid, _ in task["samples"]) for task_id, task in played.items()})
+    return {task_id: count for task_id, count in sorted(counts.items()) if count}
 
 
 def paired_comparison(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict:
@@ -312,8 +333,6 @@ def _paired_seeds(a: list[float], b: list[float]) -> dict:
 def _last_quarters(runs: dict) -> dict:
     """The training reward of the last quarter of the steps, per arm and seed, and SEAL - vanilla tested over the
     seeds (the pre-registration's secondary comparison of the training curves)."""
-    from cpu_experiment import quarters
-
     last = {arm: [quarters(runs[arm, seed]["training"]["rewards"])[1] for seed in SEEDS] for arm in PRIMARY}
     paired = _paired_seeds(last["seal"], last["vanilla"])
     return {"per_seed": last, "mean": paired["mean"], "p": paired["p"]}
@@ -362,13 +381,25 @@ def print_summary(summary: dict) -> None:
         print(f"base model: {100 * held_out['base']:.1f}%" + (
             f" (below {100 * PLACEBO_FLOOR:.0f}%: a gain over it only says the weights changed; no comparison with it "
             "is reported before a vanilla arm trained on shuffled rewards, the pre-registered placebo)" if floor else ""))
+    if "base_secondary" in held_out:
+        row = held_out["base_secondary"]
+        print(f"base model: greedy {100 * row['greedy']:.1f}%, abstention on the miss_param first turns "
+              f"{100 * row['abstention']:.1f}%, no-call turns {100 * row['no_call']:.1f}%")
     if "placebo" in held_out:
         placebo = held_out["placebo"]
         print(f"placebo (vanilla on shuffled rewards) per seed: {', '.join(f'{100 * v:.1f}' for v in placebo['per_seed'])}")
+        row, (first, last) = placebo["secondary"], placebo["training_quarters"]
+        print(f"placebo: greedy {100 * row['greedy']:.1f}%, abstention on the miss_param first turns "
+              f"{100 * row['abstention']:.1f}%, no-call turns {100 * row['no_call']:.1f}%; training reward (the real "
+              f"verdicts), first quarter of the steps {first:.2f}, last {last:.2f}")
         for arm in PRIMARY:
             row = placebo[arm]
             print(f"{arm} - placebo: {100 * row['mean']:+.1f} points [{100 * row['low']:+.1f}, {100 * row['high']:+.1f}], "
                   f"sign-flip test over seeds p = {row['p']:.2g}: the gain of training on the real verdicts")
+    print("held-out tasks the sampled plays passed (passes): " + "; ".join(
+        f"{model} " + (", ".join(f"{category_of(task_id)}_{task_id.rsplit('_', 1)[1]} {count}"
+                                 for task_id, count in counts.items()) or "none")
+        for model, counts in held_out["passes_by_task"].items()))
 
 
 def needs_training(record: dict, run_dir: Path) -> bool:

@@ -159,9 +159,16 @@ def test_the_summary_prints_the_pre_registered_table(tmp_path, capsys):
     assert placebo["per_seed"] == [pytest.approx(1 / 16)] * 8
     assert placebo["vanilla"]["mean"] == pytest.approx(statistics.fmean(summary["held_out"]["per_seed"]["vanilla"]) - 1 / 16)
     assert placebo["seal"]["p"] == pytest.approx(2 / 256)  # SEAL beats the placebo on every seed
+    assert placebo["secondary"] == {"greedy": 0.25, "abstention": pytest.approx(0.0), "no_call": 0.0}
+    assert placebo["training_quarters"] == [0.5, 0.5]
+    passes = summary["held_out"]["passes_by_task"]
+    assert passes["placebo"] == {"multi_turn_base_0": 8} and passes["base"] == {}
+    assert passes["vanilla"] == {"multi_turn_base_0": 24, "multi_turn_base_1": 16, "multi_turn_miss_param_2": 4}
+    assert summary["held_out"]["base_secondary"]["greedy"] == 0
     design.print_summary(summary)
     out = capsys.readouterr().out
     assert "below 5%" not in out and "vanilla - placebo" in out and "seal - placebo" in out
+    assert "placebo base_0 8; base none" in out and "placebo: greedy 25.0%" in out
 
 
 def test_the_placebo_arm_runs_only_when_the_base_model_sits_at_the_floor(tmp_path):
