@@ -275,8 +275,8 @@ def summarize(records: Records) -> dict:
         "training_last_quarter": _last_quarters(runs)}
     passes = {arm: passes_by_task(runs[arm, seed]["held_out"] for seed in SEEDS) for arm in PRIMARY}
     if all(("placebo", seed) in evaluated for seed in SEEDS):  # the placebo rule's arm, once all its seeds are in
-        placebo = [pass_rate(runs["placebo", seed]["held_out"]) for seed in SEEDS]
         played = [runs["placebo", seed]["held_out"] for seed in SEEDS]
+        placebo = [pass_rate(one) for one in played]
         curves = [quarters(runs["placebo", seed]["training"]["rewards"]) for seed in SEEDS]
         summary["held_out"]["placebo"] = {
             "per_seed": seed_means(placebo), **{arm: paired_comparison(scores[arm], placebo) for arm in PRIMARY},
@@ -397,8 +397,8 @@ def print_summary(summary: dict) -> None:
             print(f"{arm} - placebo: {100 * row['mean']:+.1f} points [{100 * row['low']:+.1f}, {100 * row['high']:+.1f}], "
                   f"sign-flip test over seeds p = {row['p']:.2g}: the gain of training on the real verdicts")
     print("held-out tasks the sampled plays passed (passes): " + "; ".join(
-        f"{model} " + (", ".join(f"{category_of(task_id)}_{task_id.rsplit('_', 1)[1]} {count}"
-                                 for task_id, count in counts.items()) or "none")
+        f"{model} " + (", ".join(f"{task_id.removeprefix('multi_turn_')} {count}" for task_id, count in counts.items())
+                       or "none")
         for model, counts in held_out["passes_by_task"].items()))
 
 
