@@ -277,11 +277,11 @@ def summarize(records: Records) -> dict:
     if all(("placebo", seed) in evaluated for seed in SEEDS):  # the placebo rule's arm, once all its seeds are in
         played = [runs["placebo", seed]["held_out"] for seed in SEEDS]
         placebo = [pass_rate(one) for one in played]
+        rows = [secondary_metrics(one) for one in played]
         curves = [quarters(runs["placebo", seed]["training"]["rewards"]) for seed in SEEDS]
         summary["held_out"]["placebo"] = {
             "per_seed": seed_means(placebo), **{arm: paired_comparison(scores[arm], placebo) for arm in PRIMARY},
-            "secondary": {name: statistics.fmean(secondary_metrics(one)[name] for one in played)
-                          for name in ("greedy", "abstention", "no_call")},
+            "secondary": {name: statistics.fmean(row[name] for row in rows) for name in rows[0]},
             "training_quarters": [statistics.fmean(first for first, _ in curves),
                                   statistics.fmean(last for _, last in curves)]}
         passes["placebo"] = passes_by_task(played)
