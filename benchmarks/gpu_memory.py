@@ -140,16 +140,17 @@ def local_tokenizer(vocab_size: int = 8192):
     return fast
 
 
-def random_model_dir(shape: Shape, directory: str) -> str:
+def random_model_dir(shape: Shape, directory: str, family: str = "qwen2") -> str:
     """A random-init Qwen2 model of ``shape`` (bf16, initialised on the GPU where there is one) with the local
     tokenizer and Qwen2.5-Instruct's generation config (stops at <|im_end|> and <|endoftext|>, sampling defaults
-    that seal-lite must ignore), saved to ``directory``."""
+    that seal-lite must ignore), saved to ``directory``. ``family`` llama: a Llama of the same shape instead."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[family]
     tokenizer = local_tokenizer()
     specials = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN_SPECIALS}
-    config = Qwen2Config(
+    config = config_class(
         vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
         num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, intermediate_size=shape.intermediate,
         head_dim=shape.head_dim, tie_word_embeddings=shape.tied_embeddings, max_position_embeddings=32768, bos_token_id=specials["<|endoftext|>"],
@@ -161,7 +162,7 @@ def random_model_dir(shape: Shape, directory: str) -> str:
     torch.set_default_dtype(torch.bfloat16)  # initialised in bf16: 7B in fp32 (28 GB) would not fit a 24 GB cap
     try:
         with torch.device(device):
-            model = Qwen2ForCausalLM(config)
+            model = model_class(config)
     finally:
         torch.set_default_dtype(default)
     model.generation_config = GenerationConfig(

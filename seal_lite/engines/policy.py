@@ -96,7 +96,9 @@ def resolve_backend(requested: str, cuda_available: bool, installed: set[str],
         return backend, reason
     failure = f"import unsloth failed ({error})"
     if requested != "auto":
-        raise PolicyBackendError(f"policy.backend unsloth: {failure}; use auto, peft-4bit or peft")
+        raise PolicyBackendError(f"policy.backend unsloth: {failure}; `seal-lite doctor` checks torch against the "
+                                 "driver, pip install -e '.[gpu]' reinstalls the Unsloth seal-lite pins; or use "
+                                 "auto, peft-4bit or peft")
     backend, reason = choose_backend("auto", cuda_available, installed - {"unsloth"})
     return backend, f"auto: {failure}; {reason.removeprefix('auto: ')}"
 

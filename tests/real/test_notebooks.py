@@ -196,12 +196,15 @@ def test_the_colab_notebook_installs_what_setup_installs():
 
 
 def test_the_colab_notebook_installs_a_torch_the_driver_runs_and_stops_without_a_gpu():
-    """torch from PyTorch's CUDA 12.6 index at seal-lite's pin (PyPI's build is CUDA 13: NVIDIA driver 580+), and the
-    install cell ends by refusing to go on when torch sees no GPU: run here, on a CPU, its guard must stop."""
+    """torch, and the torchvision Unsloth imports, from PyTorch's CUDA 12.6 index in one command, torch at seal-lite's
+    pin (PyPI's builds are CUDA 13: NVIDIA driver 580+), and the install cell refuses to go on when torch sees no GPU:
+    run here, on a CPU, its guard must stop."""
     install = nbformat.read(COLAB, as_version=4).cells[2].source
     (torch_pin,) = [line for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
                     if line.startswith("torch")]
-    assert f"!pip install -q {torch_pin} --index-url https://download.pytorch.org/whl/cu126" in install
+    torchvision = {"2.13.0": "0.28.0"}[torch_pin.removeprefix("torch==")]  # the torchvision built with that torch
+    assert (f"!pip install -q {torch_pin} torchvision=={torchvision} --index-url https://download.pytorch.org/whl/cu126"
+            in install)
     assert install.index("whl/cu126") < install.index('pip install -q -e ".[gpu]"')
     guard = install[install.index("import torch"):]
     if torch.cuda.is_available():

@@ -208,11 +208,33 @@ def test_doctor_names_a_torch_build_the_driver_cannot_run_and_the_build_that_can
 @cpu_only
 @pytest.mark.parametrize("recipe", ["colab-t4", "gpu-24gb", "paper-qwen2.5-7b", "ablation-vanilla-grpo"])
 def test_a_gpu_recipe_without_a_gpu_is_refused_before_anything_is_written(tmp_path, recipe):
-    result = CliRunner().invoke(main, ["run", str(ROOT / "recipes" / f"{recipe}.yaml"), "--out", str(tmp_path / "r")])
+    path = ROOT / "recipes" / f"{recipe}.yaml"
+    result = CliRunner().invoke(main, ["run", str(path), "--out", str(tmp_path / "r")])
     assert result.exit_code == 2, result.output
-    assert "policy.device" in result.output and "needs an NVIDIA GPU and torch sees none" in result.output
-    assert "--set policy.device=auto" in result.output
+    if load_recipe(path).policy.backend == "unsloth":  # the T4's: Unsloth itself is what is missing
+        assert "policy.backend" in result.output and "Unsloth is not installed (it needs an NVIDIA GPU)" in result.output
+    else:
+        assert "policy.device" in result.output and "needs an NVIDIA GPU and torch sees none" in result.output
+        assert "--set policy.device=auto" in result.output
     assert not (tmp_path / "r").exists()
+
+
+def test_the_t4_recipe_never_falls_back_to_a_backend_that_does_not_fit_its_card(monkeypatch):
+    """On a GPU without a working Unsloth, auto would train colab-t4 on peft-4bit, which needs ~16 GB of the T4's 15:
+    the recipe names Unsloth, so the recipe check stops the run with the install line, and a failed import stops
+    it with the reason."""
+    from seal_lite.engines import policy as policy_module
+    from seal_lite.runs import preflight
+
+    recipe = load_recipe(ROOT / "recipes" / "colab-t4.yaml")
+    monkeypatch.setattr(preflight, "_cuda_available", lambda: True)
+    monkeypatch.setattr(preflight, "_installed", lambda module: module != "unsloth")
+    problems = [problem for problem in preflight.policy_problems(recipe.policy) if problem[0] == "policy.backend"]
+    assert problems and "pip install -e '.[gpu]'" in problems[0][2]
+    monkeypatch.setattr(policy_module, "_import_unsloth", lambda: "ImportError: torchvision's CUDA does not match")
+    with pytest.raises(policy_module.PolicyBackendError, match=r"import unsloth failed \(ImportError: torchvision.*"
+                       r"pip install -e '\.\[gpu\]'"):
+        policy_module.resolve_backend(recipe.policy.backend, True, {"unsloth", "bitsandbytes"})
 
 
 @cpu_only
