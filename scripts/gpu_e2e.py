@@ -1,0 +1,453 @@
+"""The parts of scripts/gpu_e2e.sh: seal-lite as a user runs it, on one GPU without network access (or, with
+``--cpu``, the same code on a CPU, which the test suite runs).
+
+    python scripts/gpu_e2e.py --out OUT [--cpu] [--parts run_resume,eval_base,...]    # every part, in order
+    python scripts/gpu_e2e.py --out OUT --work DIR --part run_resume [--cpu]          # one part (what the above runs)
+
+Each part runs in a process of its own under its own time limit (Unsloth patches the libraries of the process that
+imports it) and writes ``OUT/<part>.json`` as it goes: a part stopped at its limit keeps what it had finished, with
+"ok": false and the reason. The parts, most valuable first:
+
+  run_resume        the real ``seal-lite run`` CLI on the Unsloth backend (peft on a CPU): 3 steps of 2 real BFCL tasks,
+                    killed with SIGKILL once step 1's checkpoint is committed, then the same command again, which must
+                    resume after the committed step and finish: each step stored and committed once, one checkpoint
+                    directory kept (grpo.keep_checkpoints 1), the LoRA
+                    moved on the steps that had a learning signal, the trainer Unsloth's
+  eval_base         ``seal-lite eval RUN --base --tasks 1``: the trained adapter and the base model, greedy, in one process
+  engine_logprobs   rollouts whose engine also reports its log-probs (as vLLM and llama.cpp do), on tasks whose prompts
+                    differ in length: the update compares them with the trained model's own, off-policy
+                    (grpo.mini_batches 2: TRL's old log-probs, Unsloth's left-packed ones) and on-policy (1: the loss's);
+                    the logged gap must be near 0 and the LoRA must move
+  decode_graphs     greedy decode time with Unsloth's CUDA-graph decode off and on (its ``_decode_graphs.ENABLED``), on
+                    the Qwen2 shape the recipes train and on a Llama of the same widths; the outputs must be equal
+
+What stands in for what a GPU user has: the policy is a random-init Qwen2 of Qwen2.5-1.5B's widths with 4 layers
+(``--cpu``: benchmarks/gpu_memory.py's 2-layer TINY) and the locally built tokenizer; a random model never passes a
+task, so, as tests/support/scripted_run.py does for the resume tests, each message is replaced by the task's ground
+truth with probability 1/2 (groups then mix rewards 1 and 0, and updates really happen); and the diagnoser is
+a stand-in: the GPU recipes run a llama.cpp model on the CPU, which the device machine cannot install, so a stub
+HTTP server on 127.0.0.1 (``diagnoser.mode url``) answers each failed turn with its rule label and fixed texts.
+Every part's JSON names these ("stand_ins").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))  # tests.support: the scripted generation of the resume tests
+
+PARTS = ["run_resume", "eval_base", "engine_logprobs", "decode_graphs"]
+# seconds each part may take on a GPU (they sum to 6 minutes; Unsloth's first step compiles for about a minute);
+# on a shared 2-core CPU the tiny models take longer: x4
+LIMITS = {"run_resume": 180, "eval_base": 40, "engine_logprobs": 90, "decode_graphs": 50}
+CPU_SCALE = 4
+TASKS = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2"]  # their prompts differ in length
+STEPS = 3
+STAND_INS = {"policy": "random-init weights, local tokenizer; half the messages replaced by the ground truth",
+             "diagnoser": "a stub OpenAI-compatible server answering with the rule label (diagnoser.mode url)"}
+
+
+# --- the parts ---------------------------------------------------------------------------------------------------
+
+def run_resume(ctx: Context, result: dict) -> bool:
+    """seal-lite run, SIGKILL once step 1's checkpoint is committed, the same command again to the end."""
+    run_dir = ctx.work / "run"
+    with stub_diagnoser() as url:
+        command = [*ctx.harness("cli"), "run", str(ctx.recipe_file(url)), "--out", str(run_dir)]
+        with open(ctx.work / "first-run.out", "w") as output:  # a file: a full pipe would stall the run
+            first = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
+            result["killed_after_step"] = killed = kill_after_checkpoint(first, run_dir / "seal.db")
+        result["first_output"] = tail((ctx.work / "first-run.out").read_text(errors="replace"))
+        ctx.save(result)
+        second = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    output = second.stdout + second.stderr
+    result["resume_output"] = tail(output)
+    result["exit_code"] = second.returncode
+    store = read_store(run_dir / "seal.db")
+    log = (run_dir / "run.log").read_text(errors="replace") if (run_dir / "run.log").exists() else ""
+    moved = [step for step, metrics in store["metrics"].items()
+             if metrics.get("grpo/update_skipped") == 0 and metrics.get("grpo/lora_change", 0) > 0]
+    signal_steps = [step for step, metrics in store["metrics"].items() if metrics.get("grpo/update_skipped") == 0]
+    result |= {
+        "steps_stored": store["steps"], "status": store["status"], "checkpoint_rows": len(store["checkpoints"]),
+        "checkpoint_dirs": sorted(p.name for p in (run_dir / "checkpoints").glob("checkpoint-*")),
+        "steps_with_signal": signal_steps, "steps_lora_moved": moved,
+        "diagnoses": store["diagnoses"], "resumed_line": next(iter(re.findall(r"Resuming after step \d+", output)), None),
+        "fallback_in_log": [line for line in log.splitlines() if "Could not build" in line or "falls back" in line][:3],
+    }
+    return (killed is not None and 1 <= killed < STEPS and second.returncode == 0
+            and store["steps"] == list(range(1, STEPS + 1)) and store["status"] == "finished"
+            and result["checkpoint_rows"] == STEPS and len(result["checkpoint_dirs"]) == 1
+            and bool(signal_steps) and moved == signal_steps and not result["fallback_in_log"]
+            and result["resumed_line"] == f"Resuming after step {killed}")
+
+
+def eval_base(ctx: Context, result: dict) -> bool:
+    """seal-lite eval RUN --base --tasks 1: both models in one process, greedy, results stored with the run."""
+    run_dir = ctx.work / "run"
+    if not (run_dir / "seal.db").exists():
+        result["error"] = "no run to evaluate: run_resume did not leave one"
+        return False
+    done = subprocess.run([sys.executable, "-m", "seal_lite", "eval", str(run_dir), "--base", "--tasks", "1"],
+                          capture_output=True, text=True, cwd=ROOT)
+    result |= {"exit_code": done.returncode, "output": tail(done.stdout + done.stderr)}
+    with contextlib.closing(sqlite3.connect(run_dir / "seal.db")) as db:
+        rows = db.execute("SELECT model, COUNT(*) FROM evaluations GROUP BY model").fetchall() \
+            if done.returncode == 0 else []
+    result["evaluations"] = dict(rows)
+    return done.returncode == 0 and len(rows) == 2 and all(count == 4 for _, count in rows)  # 1 task x 4 categories
+
+
+def engine_logprobs(ctx: Context, result: dict) -> bool:
+    """Two runs in this process whose rollouts carry their engine's log-probs (the model's own, scored by a
+    forward pass, so the gap the update logs should be near 0): off-policy, then on-policy."""
+    ctx.import_backend()
+    from seal_lite import api
+    from seal_lite.engines.store import Store
+    from tests.support.scripted_run import script_generation, sometimes_right
+
+    script_generation(sometimes_right)
+    context_lengths = report_own_logprobs()
+    ok = True
+    with stub_diagnoser() as url:
+        for name, mini_batches in (("off_policy", 2), ("on_policy", 1)):
+            out = ctx.work / f"engine-{name}"
+            recipe = api.checked_recipe(ctx.recipe_file(url), {"grpo.mini_batches": mini_batches, "grpo.steps": 2},
+                                        out_dir=out)
+            api.run(recipe, out)
+            store = Store(out / "seal.db")
+            steps = {step["step"]: store.step_metrics(step["step"]) for step in store.steps()}
+            gaps = {step: metrics["grpo/engine/logprob_gap_mean"] for step, metrics in steps.items()
+                    if "grpo/engine/logprob_gap_mean" in metrics}
+            moved = {step: metrics.get("grpo/lora_change", 0.0) for step, metrics in steps.items() if step in gaps}
+            result[name] = {"gap_mean": gaps, "gap_max": {step: metrics.get("grpo/engine/logprob_gap_max")
+                                                          for step, metrics in steps.items() if step in gaps},
+                            "filtered_share": {step: metrics.get("grpo/engine/filtered_share")
+                                               for step, metrics in steps.items() if step in gaps},
+                            "lora_change": moved, "context_lengths": sorted(set(context_lengths))}
+            context_lengths.clear()
+            ctx.save(result)
+            # 4-bit weights and bf16 kernels differ a little between generation and training; a misaligned row
+            # compares other positions' log-probs, which differ by about 1 on these random models
+            ok = (ok and bool(gaps) and all(gap < 0.1 for gap in gaps.values()) and all(moved.values())
+                  and len(result[name]["context_lengths"]) > 1)
+    return ok
+
+
+def decode_graphs(ctx: Context, result: dict) -> bool:
+    """Greedy decode, Unsloth's CUDA-graph decode off then on, on the recipes' Qwen2 shape and a Llama of the same
+    widths (Unsloth 2026.10.9 captures graphs for llama and qwen3 only, unsloth/models/_decode_graphs.py)."""
+    import torch
+
+    ctx.import_backend()
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.engines.policy import load_policy
+
+    rows, prompt, new = (2, 64, 16) if ctx.cpu else (8, 2048, 64)
+    ok = True
+    for family in ("qwen2", "llama"):
+        model_dir = ctx.model_dir(family)
+        recipe = load_recipe(None, ctx.policy_overrides(model_dir) | {"rollout.max_context_tokens": 8192})
+        policy = load_policy(model_dir, recipe)
+        ids = torch.randint(10, len(policy.tokenizer) - 10, (rows, prompt),
+                            generator=torch.Generator().manual_seed(0)).to(policy.model.device)
+        arms = {}
+        for graphs in (False, True):
+            with decode_graphs_forced(graphs) as graph_module:
+                arms["graphs" if graphs else "eager"] = arm = time_decode(policy, ids, new)
+                if graph_module is not None:
+                    arm["graph_stats"] = graph_stats(graph_module, policy.model)
+        same = arms["eager"].pop("tokens") == arms["graphs"].pop("tokens")
+        result[family] = arms | {"greedy_equal": same,
+                                 "speedup": round(arms["eager"]["ms_per_step"] / arms["graphs"]["ms_per_step"], 3)}
+        ctx.save(result)
+        ok = ok and same
+        del policy
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return ok
+
+
+# --- what the parts share ----------------------------------------------------------------------------------------
+
+class Context:
+    def __init__(self, out: Path, work: Path, part: str, cpu: bool):
+        self.out, self.work, self.part, self.cpu = out, work, part, cpu
+
+    def save(self, result: dict) -> None:
+        """Write the part's file now, so that a part stopped at its limit keeps what it had."""
+        (self.out / f"{self.part}.json").write_text(json.dumps({"part": self.part, **result}) + "\n")
+
+    def import_backend(self) -> None:
+        if not self.cpu:
+            import unsloth  # noqa: F401  (first: it patches transformers, peft and trl)
+
+    def model_dir(self, family: str = "qwen2") -> str:
+        """A random-init model of the part's shape with the local tokenizer, built once per work folder."""
+        import gpu_memory
+
+        directory = self.work / f"model-{family}"
+        if not (directory / "config.json").exists():
+            shape = gpu_memory.TINY if self.cpu else dataclasses.replace(gpu_memory.SHAPES["1.5b"], layers=4)
+            gpu_memory.random_model_dir(shape, str(directory), family=family)
+        return str(directory)
+
+    def policy_overrides(self, model_dir: str) -> dict:
+        if self.cpu:
+            return {"policy.model": model_dir, "policy.backend": "peft", "policy.dtype": "float32"}
+        return {"policy.model": model_dir, "policy.backend": "unsloth", "policy.device": "gpu"}
+
+    def recipe_file(self, diagnoser_url: str) -> Path:
+        """The run's recipe: the smallest that trains, plays real BFCL tasks and checkpoints every step."""
+        import yaml
+
+        from seal_lite.core.recipe import load_recipe
+
+        overrides = self.policy_overrides(self.model_dir()) | {
+            "name": "gpu-e2e", "seed": 3, "policy.lora_r": 16, "policy.lora_alpha": 32,
+            "data.task_ids": TASKS, "grpo.tasks_per_step": 2, "grpo.mini_batches": 2, "grpo.steps": STEPS,
+            "grpo.learning_rate": 1e-2, "grpo.keep_checkpoints": 1, "rollout.num_generations": 4,
+            "rollout.max_turns": 1, "rollout.max_model_calls": 1, "rollout.max_new_tokens": 16,
+            "rollout.parser": "lenient", "rollout.backend": "transformers", "rollout.max_context_tokens": 8192,
+            "interface.tool_format": "signatures", "diagnoser.mode": "url", "diagnoser.url": diagnoser_url,
+            "diagnoser.max_per_step": 2, "diagnoser.timeout_s": 10,
+        }
+        path = self.work / "recipe.yaml"
+        path.write_text(yaml.safe_dump(load_recipe(None, overrides).model_dump(mode="json")))
+        return path
+
+    def harness(self, mode: str) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve()), "--harness", mode, *(["--cpu"] if self.cpu else []),
+                "--"]
+
+
+def harness_main(mode: str, cpu: bool, arguments: list[str]) -> None:
+    """``seal-lite ARGUMENTS`` with the scripted generation (a random model still gets mixed rewards)."""
+    if not cpu:
+        import unsloth  # noqa: F401
+    from tests.support.scripted_run import script_generation, sometimes_right
+
+    script_generation(sometimes_right)
+    from seal_lite.cli import main
+
+    main(arguments, prog_name="seal-lite")
+
+
+def report_own_logprobs() -> list[int]:
+    """Make transformers generate report log-probs as vLLM and llama.cpp do: each returned token's log-probability
+    under the model at the sampling temperature, scored by one forward pass per row (the ground-truth messages the
+    script puts in were not sampled, so the generation's own scores would not cover them). Returns the list the
+    lengths of the contexts it scores go to."""
+    import torch
+
+    from seal_lite.engines.transformers_generate import TransformersGenerator
+
+    generate, lengths = TransformersGenerator.generate, []
+
+    def generate_with_logprobs(self, batch, max_new_tokens, temperature):
+        messages = generate(self, batch, max_new_tokens, temperature)
+        lengths.extend(map(len, batch))
+        self.sampled_logprobs = []
+        os.environ["UNSLOTH_RETURN_LOGITS"] = "1"  # Unsloth's forward may skip the logits otherwise
+        try:
+            with torch.no_grad(), self.mode(self.model):
+                for context, message in zip(batch, messages, strict=True):
+                    ids = torch.tensor([context + message], device=self.model.device)
+                    logits = self.model(input_ids=ids).logits[0, len(context) - 1 : -1].float() / (temperature or 1.0)
+                    scores = logits.log_softmax(-1).gather(-1, ids[0, len(context):, None])[:, 0]
+                    self.sampled_logprobs.append(scores.tolist())
+        finally:
+            os.environ.pop("UNSLOTH_RETURN_LOGITS")
+        return messages
+
+    TransformersGenerator.generate = generate_with_logprobs
+    TransformersGenerator.sampled_logprobs = []  # the rollout asks before the first call whether there are any
+    return lengths
+
+
+@contextlib.contextmanager
+def stub_diagnoser():
+    """An OpenAI-compatible chat endpoint on 127.0.0.1 that diagnoses each failed turn with the checker's own
+    label (read from the prompt) and fixed texts: a schema-valid answer, in place of the llama.cpp model."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            label = re.search(r"Checker: (\S+)", body["messages"][-1]["content"])
+            answer = {"label": label.group(1) if label else "wrong_call", "cause": None, "culprit_call_index": None,
+                      "explanation": "stub diagnoser: the checker's label", "recovery_hint": "Check the call."}
+            payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": json.dumps(answer)}}]})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(payload.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def kill_after_checkpoint(process: subprocess.Popen, db_path: Path) -> int | None:
+    """SIGKILL ``process`` as soon as its store has a committed checkpoint; the last committed step then, or None
+    if the process ended first."""
+    while process.poll() is None:
+        with contextlib.suppress(sqlite3.Error):
+            with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=1)) as db:
+                step = db.execute("SELECT MAX(step) FROM checkpoints").fetchone()[0]
+            if step is not None:
+                process.kill()  # SIGKILL, as kill -9: the process cannot react
+                process.wait()
+                return step
+        time.sleep(0.1)
+    return None
+
+
+def read_store(db_path: Path) -> dict:
+    with contextlib.closing(sqlite3.connect(db_path)) as db:
+        metrics: dict[int, dict] = {}
+        for step, name, value in db.execute("SELECT step, name, value FROM metrics"):
+            metrics.setdefault(step, {})[name] = value
+        return {"steps": [row[0] for row in db.execute("SELECT step FROM steps ORDER BY step")],
+                "status": db.execute("SELECT status FROM runs").fetchone()[0],
+                "checkpoints": db.execute("SELECT step FROM checkpoints").fetchall(), "metrics": metrics,
+                "diagnoses": db.execute("SELECT COUNT(*) FROM diagnoses WHERE status = 'ok'").fetchone()[0]}
+
+
+@contextlib.contextmanager
+def decode_graphs_forced(on: bool):
+    """Unsloth's decode graphs forced on or off (its programmatic override); yields the module, None without it."""
+    try:
+        from unsloth.models import _decode_graphs
+    except ImportError:
+        yield None
+        return
+    before, _decode_graphs.ENABLED = _decode_graphs.ENABLED, on
+    try:
+        yield _decode_graphs
+    finally:
+        _decode_graphs.ENABLED = before
+
+
+def graph_stats(module, model) -> dict:
+    stats = [module.stats(m) for m in model.modules() if "_unsloth_decode_graphs" in vars(m)]
+    layers = next((m for m in model.modules() if type(m).__name__.endswith("Model") and hasattr(m, "layers")), None)
+    return {"per_model": [s for s in stats if s], "ineligible": module._eligible(model, getattr(layers, "layers", None))}
+
+
+def time_decode(policy, ids, new: int) -> dict:
+    """ms per decode step of a greedy generate call (fastest of 2 of each of 1 and ``new`` tokens) and its tokens."""
+    import torch
+
+    def generate(tokens: int):
+        with torch.no_grad(), policy.generation_mode(policy.model):
+            return policy.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                                         min_new_tokens=tokens, do_sample=False,
+                                         pad_token_id=policy.tokenizer.pad_token_id)
+
+    def fastest(tokens: int) -> tuple[float, object]:
+        times, output = [], None
+        for _ in range(2):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            output = generate(tokens)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - started)
+        return min(times), output
+
+    prefill, _ = fastest(1)
+    whole, output = fastest(new)
+    return {"ms_per_step": round(1000 * (whole - prefill) / (new - 1), 2), "prefill_s": round(prefill, 3),
+            "tokens": output[:, ids.size(1):].tolist()}
+
+
+def tail(text: str, size: int = 1500) -> str:
+    return text[-size:]
+
+
+# --- running the parts -------------------------------------------------------------------------------------------
+
+def run_part(part: str, out: Path, work: Path, cpu: bool) -> None:
+    ctx = Context(out, work, part, cpu)
+    result = {"cpu": cpu, "stand_ins": STAND_INS, "ok": None}
+    ctx.save(result)
+    started = time.time()
+    try:
+        result["ok"] = bool(globals()[part](ctx, result))
+    except Exception as error:  # the part's file says what happened, and the next part still runs
+        result |= {"ok": False, "error": f"{type(error).__name__}: {str(error)[-1500:]}"}
+    result["seconds"] = round(time.time() - started, 1)
+    ctx.save(result)
+
+
+def run_all(parts: list[str], out: Path, cpu: bool) -> bool:
+    """Each part in a process of its own, under its limit; a part's file ends with "ok" true or false."""
+    out.mkdir(parents=True, exist_ok=True)
+    passed = True
+    with tempfile.TemporaryDirectory(prefix="gpu-e2e-") as work:
+        for part in parts:
+            limit = LIMITS[part] * (CPU_SCALE if cpu else 1)
+            command = [sys.executable, str(Path(__file__).resolve()), "--part", part, "--out", str(out),
+                       "--work", work, *(["--cpu"] if cpu else [])]
+            with open(Path(work) / f"{part}.log", "w") as log:
+                try:
+                    code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                          timeout=limit).returncode
+                    stopped = None if code == 0 else f"the part's process ended with exit code {code}"
+                except subprocess.TimeoutExpired:
+                    stopped = f"over its {limit} s limit"
+            path = out / f"{part}.json"
+            result = json.loads(path.read_text()) if path.exists() else {"part": part}
+            if stopped or result.get("ok") is None:
+                result |= {"ok": False, "error": result.get("error") or stopped or "the part did not finish",
+                           "log": tail((Path(work) / f"{part}.log").read_text(errors="replace"))}
+                path.write_text(json.dumps(result) + "\n")
+            print(json.dumps(result), flush=True)
+            passed = passed and result["ok"]
+    return passed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="folder for one JSON file per part")
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated, in order")
+    parser.add_argument("--cpu", action="store_true", help="the tiny model and peft on the CPU (the test suite's)")
+    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # one part, in this process
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--harness", choices=["cli"], help=argparse.SUPPRESS)  # seal-lite, scripted
+    parser.add_argument("arguments", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.harness:
+        harness_main(args.harness, args.cpu, args.arguments)
+    elif args.part:
+        run_part(args.part, args.out, args.work, args.cpu)
+    else:
+        if args.out is None:
+            parser.error("--out is required")
+        sys.exit(0 if run_all(args.parts.split(","), args.out, args.cpu) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""scripts/gpu_e2e.sh --cpu: every part of the GPU end-to-end script runs its real code on the CPU (peft and a 2-layer
+random model instead of Unsloth and Qwen2.5-1.5B's widths), each part leaving its JSON file as it ends."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gpu_e2e(out: Path, *arguments: str) -> subprocess.CompletedProcess:
+    env = os.environ | {"PYTHON": sys.executable, "OUT": str(out)}
+    return subprocess.run(["bash", "scripts/gpu_e2e.sh", "--cpu", *arguments], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900, check=False)  # a failed part must show its JSON line
+
+
+def test_gpu_e2e_cpu_mode_runs_every_part_and_leaves_one_json_file_each(tmp_path):
+    done = gpu_e2e(tmp_path)
+    rows = {row["part"]: row for row in map(json.loads, done.stdout.splitlines())}
+    assert list(rows) == ["run_resume", "eval_base", "engine_logprobs", "decode_graphs"], done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout
+    for part, row in rows.items():  # each file as the part left it, naming what stands in for a user's parts
+        assert json.loads((tmp_path / f"{part}.json").read_text()) == row
+        assert row["ok"] is True and row["cpu"] is True and "diagnoser" in row["stand_ins"]
+
+    run = rows["run_resume"]  # killed after step 1's checkpoint, resumed from it, every step stored once
+    assert run["killed_after_step"] == 1 and run["resumed_line"] == "Resuming after step 1"
+    assert run["steps_stored"] == [1, 2, 3] and run["status"] == "finished" and len(run["checkpoint_dirs"]) == 1
+    assert run["steps_lora_moved"] == run["steps_with_signal"] != [] and run["diagnoses"] > 0
+    assert rows["eval_base"]["evaluations"] == {"base": 4, "step 3": 4}
+    engine = rows["engine_logprobs"]
+    for branch in ("off_policy", "on_policy"):  # fp32 on the CPU: generation and training score alike
+        assert engine[branch]["gap_mean"] and all(gap < 1e-3 for gap in engine[branch]["gap_mean"].values())
+        assert len(engine[branch]["context_lengths"]) > 1 and all(engine[branch]["lora_change"].values())
+    for family in ("qwen2", "llama"):
+        decode = rows["decode_graphs"][family]
+        assert decode["greedy_equal"] and decode["eager"]["ms_per_step"] > 0 and decode["graphs"]["ms_per_step"] > 0
+
+
+def test_a_part_that_fails_leaves_its_reason_and_the_next_part_still_runs(tmp_path):
+    """eval_base needs run_resume's run: alone, it fails with its reason in its file; decode_graphs still passes."""
+    done = gpu_e2e(tmp_path, "--parts", "eval_base,decode_graphs")
+    assert done.returncode == 1
+    evaluation = json.loads((tmp_path / "eval_base.json").read_text())
+    assert evaluation["ok"] is False and evaluation["error"] == "no run to evaluate: run_resume did not leave one"
+    assert json.loads((tmp_path / "decode_graphs.json").read_text())["ok"] is True
