@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Download, as wheels into .whl/, everything scripts/gpu_check.sh needs beyond a GPU image that has python3.12,
-# torch (CUDA), transformers 5.17, peft 0.21 and accelerate: the GPU training stack (Unsloth, bitsandbytes, trl,
-# datasets) and seal-lite's own runtime dependencies, bfcl-eval included. About 60 MB. Run it from the project
+# Download, as wheels into .whl/, everything scripts/gpu_check.sh and scripts/gpu_e2e.sh need beyond a GPU image that
+# has python3.12, torch (CUDA), transformers 5.17, peft 0.21 and accelerate: the GPU training stack (Unsloth,
+# bitsandbytes, trl, datasets) and seal-lite's own runtime dependencies, bfcl-eval included. About 60 MB. Run it from the project
 # root on a machine with pip; the install line for the GPU machine is in scripts/gpu_check.sh's header.
 set -euo pipefail
 cd "$(dirname "$0")/.."
