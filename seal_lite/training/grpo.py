@@ -9,7 +9,9 @@ How SEAL plugs into GRPOTrainer, through its extension points:
   (std + 1e-6) times the diagnosis weight w_j (docs/method.md §2 steps 7-8).
 * the reward function only hands TRL the official verdict the loop already computed, for TRL's logging.
 * llama.cpp rollouts: the tokens whose log-probs the two engines disagree on leave the loss; the trained side
-  is the update's own log-probs (``compute_loss`` on-policy, TRL's old log-probs otherwise), never a pass of its own.
+  is the update's own log-probs (``compute_loss`` on-policy, TRL's old log-probs otherwise), never a pass of its own,
+  except on-policy on Unsloth, whose loss scores its gradient log-probs itself. Unsloth's scores come in a layout of
+  its own, put back in the completion's columns first (``unsloth_to_completion_coordinates``).
 
 Batching: each SEAL step's tasks x G trajectories are split into ``grpo.mini_batches`` mini-batches (one optimizer
 step each), and each mini-batch into micro-batches of ``micro_batch_size`` trajectories, whose gradients accumulate:
@@ -167,6 +169,8 @@ class SealGRPOTrainer(GRPOTrainer):
         shared prefixes; whether to shuffle the rollout batch by groups (every backend but Unsloth's)."""
         super().__init__(*args, **kwargs)
         self.max_logprob_gap, self.shared_prefix, self.group_batches = max_logprob_gap, shared_prefix, group_batches
+        # Unsloth's trainer underneath: its scoring returns its own layout, and its loss scores its own log-probs
+        self.on_unsloth = is_unsloths(type(self))
 
     def _get_train_sampler(self, dataset=None) -> ResumableRepeatSampler:
         sampler = super()._get_train_sampler(dataset)
@@ -262,7 +266,10 @@ class SealGRPOTrainer(GRPOTrainer):
 
     def _compare_engines_in_loss(self, model, inputs: dict) -> dict:
         """On-policy llama.cpp rollouts: score the micro-batch once, filter its loss mask on the gap between those
-        log-probs and llama.cpp's, and hand the same log-probs to TRL's loss (no second forward pass)."""
+        log-probs and llama.cpp's, and hand the same log-probs to TRL's loss (no second forward pass). Unsloth's
+        loss is not handed them: there they come from its pass without gradient, and the loss scores its gradient
+        log-probs itself (asking with ``compute_efficient``), so on Unsloth the comparison costs one extra forward
+        pass, without gradient."""
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         scores = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
@@ -274,7 +281,8 @@ class SealGRPOTrainer(GRPOTrainer):
         self._engine_rows_left -= input_ids.size(0)
         if self._engine_rows_left == 0:  # the last micro-batch of the rollout batch: log over all of them
             self._log_engine_gap(torch.cat(self._engine_gaps))
-        self._precomputed = scores
+        if not self.on_unsloth:
+            self._precomputed = scores
         return inputs
 
     def _filter_engine_gap(self, inputs: dict, trained: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
@@ -282,7 +290,11 @@ class SealGRPOTrainer(GRPOTrainer):
         model's (before this step's update) differ by more than ``max_logprob_gap`` (the update would otherwise
         push on tokens the policy itself would not have produced with that probability). Returns the gaps on the
         loss tokens. dapo's normaliser stays the rollout batch's loss-token count: a filtered token counts as a
-        token with zero loss."""
+        token with zero loss. ``trained``: the log-probs as the trainer's scoring returned them."""
+        if self.on_unsloth:
+            trained = unsloth_to_completion_coordinates(trained, inputs["prompt_ids"],
+                                                        self.processing_class.pad_token_id,
+                                                        inputs["completion_ids"].size(1))
         mask = inputs["completion_mask"] * inputs["tool_mask"]
         gap = (trained - sampled).abs()
         inputs["tool_mask"] = inputs["tool_mask"] * (gap <= self.max_logprob_gap).to(inputs["tool_mask"].dtype)
@@ -340,11 +352,38 @@ def check_width(batch: RolloutBatch, max_width: int | None) -> None:
                            "rollout.max_context_tokens to at most half the window")
 
 
+# --- Unsloth's trainer: what seal-lite must know of the GRPOTrainer that unsloth 2026.10.9 patches into trl -------
+
+def is_unsloths(trainer_class: type) -> bool:
+    """Whether ``trainer_class`` is built on Unsloth's trainer: ``import unsloth`` rewrites trl's GRPOTrainer into
+    its ``UnslothGRPOTrainer``, whichever backend then loads the policy."""
+    return any(cls.__name__ == "UnslothGRPOTrainer" for cls in trainer_class.__mro__)
+
+
+def unsloth_to_completion_coordinates(logps: torch.Tensor, prompt_ids: torch.Tensor, pad_token_id: int,
+                                      width: int) -> torch.Tensor:
+    """Log-probs scored by Unsloth's trainer, (B, width + max left pad), in TRL's coordinates, (B, width): column j
+    of row i scores ``completion_ids[i, j]``. TRL pads ``prompt_ids`` (width P) on the left, ``completion_ids`` on
+    the right.
+
+    Unsloth's ``_get_per_token_logps_and_entropies`` (unsloth/models/rl_replacements.py:3627-3634, 4167-4173; its
+    packed and shared-prefix paths scatter into the same columns, :3932-3941) counts each row's prompt pads p_i,
+    moves every pad of the row to its end (the row then reads prompt, completion, pads) and scores the last
+    width + max p positions. Row i's completion token j, at packed position (P - p_i) + j, is thus in column
+    (max p - p_i) + j: the shift with which Unsloth's loss aligns its own masks (unsloth_zoo/rl_replacements.py:
+    700-723, 788-846). Columns past a row's completion hold padding's scores, as TRL's do. seal-lite's pad token is
+    never a real one (``set_pad_token``), so Unsloth's count of pad ids is the count of pads."""
+    left_pads = (prompt_ids == pad_token_id).sum(dim=1, keepdim=True)  # Unsloth's calculate_pad_tokens_in_prompt
+    max_left_pad = logps.size(1) - width  # as Unsloth's loss reads it: from the scores' own width
+    columns = max_left_pad - left_pads + torch.arange(width, device=logps.device)
+    return logps.gather(1, columns)
+
+
 def check_trainer(trainer: GRPOTrainer, backend: str) -> None:
     """On the unsloth backend the trainer must be Unsloth's: where Unsloth cannot build its patched trainer for
     this TRL it logs one warning and leaves TRL's, whose loss materialises the full logits (16k x 152k in bf16,
     about 5 GB, twice) and runs out of memory where Unsloth's chunked loss fits."""
-    if backend == "unsloth" and not any(cls.__name__ == "UnslothGRPOTrainer" for cls in type(trainer).__mro__):
+    if backend == "unsloth" and not is_unsloths(type(trainer)):
         raise TrainerError("policy.backend unsloth, but the trainer is TRL's, not Unsloth's: Unsloth did not patch "
                            "trl.GRPOTrainer (imported before unsloth, or Unsloth's warning above says why); use "
                            "policy.backend peft-4bit, or the Unsloth and TRL versions seal-lite pins")
