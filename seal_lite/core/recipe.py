@@ -122,6 +122,12 @@ class Recipe(Section):
         if self.policy.backend == "unsloth":
             return ["policy.backend = 'unsloth': Unsloth trains on one GPU; with several processes use peft-4bit "
                     "(the same 4-bit QLoRA through bitsandbytes and peft)"]
+        if self.rollout.backend == "vllm":
+            # each process's engine would take the launcher's process group as its own (vLLM's
+            # init_distributed_environment adopts it): refused until that has been tested
+            return [f"rollout.backend = 'vllm': vLLM rollouts are untested in {processes} processes (each engine "
+                    "would join the launcher's process group); use rollout.backend transformers (or auto), or "
+                    "run one process"]
         if self.grpo.loss_type == "bnpo":
             return [f"grpo.loss_type = 'bnpo': its token mean is taken in each process's micro-batch, so {processes} "
                     "processes would change the loss; use loss_type grpo (the default) or dapo"]

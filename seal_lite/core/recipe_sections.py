@@ -140,8 +140,8 @@ class RolloutConfig(Section):
         description="Who generates rollouts: transformers (the trained model itself), llamacpp (the policy's "
         "GGUF plus its current LoRA, exported after every update; faster on a CPU, needs a registry model or "
         ".gguf) or vllm (vLLM in the training process, continuous batching and prefix caching, the LoRA handed "
-        "over after every update; pip install -e '.[vllm]'). auto: vllm on an Ampere or newer GPU where it is "
-        "installed, else transformers on a GPU; without one, llamacpp when the model is a GGUF, else transformers.",
+        "over after every update; one process; pip install -e '.[vllm]'). auto: transformers on a GPU (vLLM only "
+        "when named, until a GPU has run it); without one, llamacpp when the model is a GGUF, else transformers.",
     )
     vllm_memory: float = Field(
         0.3, gt=0.0, lt=1.0, description="vllm on a GPU: the share of the card's memory the engine takes when it "

@@ -15,37 +15,30 @@ from seal_lite.core.recipe import Recipe
 from seal_lite.engines import distributed
 from seal_lite.engines.model_sources import resolve_gguf
 
-VLLM_MIN_CAPABILITY = (8, 0)  # Ampere: vLLM 0.32's attention backends (FlashAttention, FlashInfer) start there
-
 
 def rollout_backend(recipe: Recipe) -> str:
     """``rollout.backend`` with auto resolved (``rollout_choice``)."""
     return rollout_choice(recipe)[0]
 
 
-def rollout_choice(recipe: Recipe) -> tuple[str, str]:
-    """(backend, why) for ``rollout.backend``. auto: vLLM on an Ampere or newer GPU where it is installed, else
-    transformers generate on a GPU (a T4, or no vLLM: the why says so); without a GPU, llama.cpp when the policy
-    comes from a GGUF, else transformers."""
+def rollout_choice(recipe: Recipe, gpu: bool | None = None) -> tuple[str, str]:
+    """(backend, why) for ``rollout.backend``; ``gpu``: whether torch sees a GPU (None: ask torch). auto: transformers
+    generate on a GPU; without one, llama.cpp when the policy comes from a GGUF, else transformers. auto never picks
+    vLLM, which no GPU has run yet: it runs only when named (docs/rollouts.md)."""
     if recipe.rollout.backend != "auto":
         return recipe.rollout.backend, "rollout.backend"
-    import torch
+    if gpu is None:
+        import torch
 
+        gpu = torch.cuda.is_available()
+    if gpu:
+        return "transformers", ("a GPU: token-budgeted generate; vLLM runs only when named, rollout.backend: vllm, "
+                                "until a GPU has run it")
     from seal_lite.engines.model_sources import REGISTRY
 
-    if not torch.cuda.is_available():
-        if recipe.policy.model in REGISTRY or recipe.policy.model.endswith(".gguf"):
-            return "llamacpp", "no GPU, and the policy is a GGUF"
-        return "transformers", "no GPU, and the policy is no GGUF"
-    from seal_lite.engines.vllm_rollouts import vllm_missing
-
-    capability = torch.cuda.get_device_capability()
-    if capability < VLLM_MIN_CAPABILITY:
-        return "transformers", (f"{torch.cuda.get_device_name()} (compute capability {capability[0]}.{capability[1]}) "
-                                "is older than vLLM's Ampere (8.0): token-budgeted generate")
-    if (missing := vllm_missing()) is not None:
-        return "transformers", f"{missing}; until then, token-budgeted generate"
-    return "vllm", f"{torch.cuda.get_device_name()} with vLLM"
+    if recipe.policy.model in REGISTRY or recipe.policy.model.endswith(".gguf"):
+        return "llamacpp", "no GPU, and the policy is a GGUF"
+    return "transformers", "no GPU, and the policy is no GGUF"
 
 
 @contextlib.contextmanager

