@@ -108,7 +108,7 @@ def budget_episode(rollout, opening: float) -> Episode:
 
 class Card(NamedTuple):
     """A GPU of one card class of docs/gpu.md: its memory, 16-bit dense tensor TFLOP/s and memory TB/s (the
-    vendors' datasheets), and whether ``rollout.backend: auto`` plays rollouts with vLLM there (Ampere or newer)."""
+    vendors' datasheets), and whether ``rollout.backend: vllm`` can play rollouts there (Ampere or newer)."""
 
     name: str
     memory_gb: int
@@ -405,7 +405,7 @@ def print_cost(design: dict) -> None:
           f"where its episodes hold {run['trained_tokens'] / 1e6:.0f} M. The update reads each trajectory whole "
           "(Unsloth takes one a pass); seal-lite's shared-prefix pass on the peft backends reads each group's prompt "
           "once (4.2x less CPU time at G = 8, docs/measured.md).")
-    print("\nWith vLLM rollouts (rollout.backend auto on an Ampere or newer card with `pip install -e '.[vllm]'`): "
+    print("\nWith vLLM rollouts (rollout.backend vllm on an Ampere or newer card with `pip install -e '.[vllm]'`): "
           "prefix caching reads each task's opening once a group and then only what the environment appends, and "
           "continuous batching decodes as many episodes as vLLM's KV cache holds. Its share of the card is the "
           "largest the memory model leaves beside the trainer (vLLM sleeps during the update; not measured).")

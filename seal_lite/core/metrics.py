@@ -120,10 +120,11 @@ LORA_NORM = Metric("grpo/lora_norm", "norm of all LoRA parameters: it moves only
                    "adapter", writer="update")
 LORA_CHANGE = Metric("grpo/lora_change", "norm of the change the step's update made to the LoRA parameters (0: "
                      "the update was skipped or moved nothing)", writer="update")
-ENGINE_GAP_MEAN = Metric("grpo/engine/logprob_gap_mean", "llama.cpp rollouts: mean |log-prob gap| between "
-                         "llama.cpp and the trained model on the generated tokens", writer="update")
-ENGINE_GAP_MAX = Metric("grpo/engine/logprob_gap_max", "llama.cpp rollouts: the largest such gap", writer="update")
-ENGINE_FILTERED_SHARE = Metric("grpo/engine/filtered_share", "llama.cpp rollouts: share of the generated tokens "
+ENGINE_GAP_MEAN = Metric("grpo/engine/logprob_gap_mean", "llama.cpp or vLLM rollouts: mean |log-prob gap| between "
+                         "the rollout engine and the trained model on the generated tokens", writer="update")
+ENGINE_GAP_MAX = Metric("grpo/engine/logprob_gap_max", "llama.cpp or vLLM rollouts: the largest such gap",
+                        writer="update")
+ENGINE_FILTERED_SHARE = Metric("grpo/engine/filtered_share", "llama.cpp or vLLM rollouts: share of the generated tokens "
                                "taken out of the loss (gap over `rollout.max_logprob_gap`)", writer="update")
 UPDATE_SECONDS = Metric("time/update_s", "seconds of the policy update after the step's rollouts", writer="update")
 
