@@ -47,20 +47,29 @@ BNB_PLUGIN_INSTALL = "pip install 'vllm-bnb-plugin==0.0.3' (on a CPU, for tests 
 
 
 def vllm_missing() -> str | None:
-    """Why vLLM cannot be imported here, or None. Without a GPU, the CPU build counts."""
-    try:
-        import vllm
-    except ImportError as error:
-        import torch
+    """Why vLLM cannot be imported here, or None. Without a GPU, the CPU build counts: its folder goes on the path
+    on every call, not only the first, because vLLM imports its dependencies there (xgrammar, the plugin) lazily,
+    long after ``vllm`` itself is in ``sys.modules``."""
+    import torch
 
-        if not CPU_BUILD.is_dir() or torch.cuda.is_available():
-            return f"vLLM is not installed ({error}): {VLLM_INSTALL}"
-        sys.path.append(str(CPU_BUILD))
-        # vLLM inspects a model class in a child process (python -m vllm...) unless ~/.cache/vllm has it: that
-        # process must find the CPU build too
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(CPU_BUILD)]))
+    if CPU_BUILD.is_dir() and not torch.cuda.is_available():
+        _use_cpu_build()
+    try:
         import vllm  # noqa: F401
+    except ImportError as error:
+        return f"vLLM is not installed ({error}): {VLLM_INSTALL}"
     return None
+
+
+def _use_cpu_build() -> None:
+    """The CPU build on this process's path, after site-packages (an installed vLLM comes first), and on its
+    children's: vLLM inspects a model class in a child process (python -m vllm...) unless ~/.cache/vllm has it."""
+    folder = str(CPU_BUILD)
+    if folder not in sys.path:
+        sys.path.append(folder)
+    inherited = os.environ.get("PYTHONPATH", "")
+    if folder not in inherited.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [inherited, folder]))
 
 
 def bnb_plugin_missing() -> str | None:

@@ -15,6 +15,7 @@ random model, fp32, so the engines must agree to float rounding.
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 import weakref
@@ -234,7 +235,7 @@ def test_a_4bit_policys_engine_asks_for_a_quantization_method_vllm_registers(mon
     assert method.__module__.startswith("vllm_bnb_plugin") and method.get_name() == "bitsandbytes"
     assert bnb_plugin_missing() is None
     # where vLLM's entry points do not list the plugin, the recipe check and the engine say how to install it
-    monkeypatch.setattr(sys, "path", [path for path in sys.path if path != str(vllm_rollouts.CPU_BUILD)])
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **selection: ())
     assert bnb_plugin_missing().endswith(vllm_rollouts.BNB_PLUGIN_INSTALL)
     with pytest.raises(ModelError, match="vllm-bnb-plugin is not installed"):
         VllmGenerator(vllm_tiny_dir, smol_tokenizer, max_model_len=1024, quantized=True)

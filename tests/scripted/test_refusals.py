@@ -5,6 +5,7 @@ the exit status is 2; there is one line per problem, each naming its field and s
 run directory (nor anything else) appears. Checks are cheap: no model is loaded (the corpus runs in seconds).
 """
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -172,11 +173,12 @@ def test_a_run_that_fails_before_storing_a_step_leaves_no_directory(tmp_path, mo
 @pytest.mark.parametrize("command", ["run", "recipe"])
 def test_vllm_with_a_4bit_policy_is_refused_without_the_plugin_that_loads_it(machine, monkeypatch, command):
     """vLLM is here (the fixture's stand-in), bitsandbytes too, but vllm-bnb-plugin is not where vLLM looks for its
-    plugins (sys.path without the CPU build's folder): vLLM 0.32 could not load the 4-bit policy."""
+    plugins (its entry points list none): vLLM 0.32 could not load the 4-bit policy."""
     monkeypatch.setattr(preflight, "_installed", lambda module: module != "unsloth"
                         and preflight.importlib.util.find_spec(module) is not None)
     monkeypatch.setattr(vllm_rollouts, "vllm_missing", lambda: None)
-    monkeypatch.setattr(sys, "path", [path for path in sys.path if path != str(vllm_rollouts.CPU_BUILD)])
+    entry_points = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **selection: ())
     recipe = _recipe(machine, "vllm-4bit", {"policy": {"backend": "peft-4bit", "dtype": "bfloat16"},
                                             "rollout": {"backend": "vllm"}})
     before = _files(machine)
@@ -188,6 +190,7 @@ def test_vllm_with_a_4bit_policy_is_refused_without_the_plugin_that_loads_it(mac
     assert _files(machine) == before
 
     # with the plugin where vLLM finds it, the policy must be 16-bit: the plugin sizes its NF4 weights for that
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
     monkeypatch.syspath_prepend(str(vllm_rollouts.CPU_BUILD))
     float32 = _recipe(machine, "vllm-4bit-fp32", {"policy": {"backend": "peft-4bit", "dtype": "float32"},
                                                   "rollout": {"backend": "vllm"}})
