@@ -205,11 +205,10 @@ def card_vllm(recipe, shape, card: Card) -> tuple[float, int]:
 
 
 def update_cost(shape, card: Card, episode: Episode, trajectories: int, context: int, passes: int,
-                speed: Speed, recompute: bool = True) -> dict:
+                speed: Speed, recompute: int = 1) -> dict:
     """Seconds of the update over ``trajectories`` whole trajectories (at most ``context`` tokens): ``passes``
-    forward-sized passes over each (the reference model's, the policy's, the checkpointed layers' ``recompute``,
-    the backward's input gradients: the frozen weights need no gradient of their own), and the LM head's logits
-    over the completion in every pass but the recompute."""
+    forward-sized passes over each (``update_passes``), and the LM head's logits over the completion in every pass
+    but the ``recompute`` passes of the checkpointed layers."""
     length = min(episode.length(), context)
     head = 2 * shape.vocab * shape.hidden * (length - episode.opening) * (passes - recompute)
     flops = trajectories * (passes * forward_flops(shape, length) + head)
@@ -217,9 +216,20 @@ def update_cost(shape, card: Card, episode: Episode, trajectories: int, context:
 
 
 def update_passes(recipe) -> int:
-    """Forward-sized passes of the update: forward and backward, the reference's forward when beta > 0, the
-    recompute with gradient checkpointing."""
-    return 2 + (recipe.grpo.beta > 0) + bool(recipe.policy.gradient_checkpointing)
+    """Forward-sized passes of the update over each trained token. In each PPO epoch (grpo.num_iterations): the
+    forward, the backward (input gradients only, the frozen weights need none of their own: as much as a forward)
+    and, with gradient checkpointing, the recompute (``recompute_passes``). Once a step: the reference's forward
+    when beta > 0, and TRL's pass without gradient that scores the old log-probs, which trl 1.14.2 runs when
+    gradient_accumulation_steps is no multiple of steps_per_generation x num_iterations (grpo_trainer.py:2704),
+    that is when a step's rollouts serve more than one optimizer step (grpo.mini_batches or num_iterations > 1)."""
+    grpo = recipe.grpo
+    old_logprobs = grpo.mini_batches * grpo.num_iterations > 1
+    return grpo.num_iterations * 2 + recompute_passes(recipe) + (grpo.beta > 0) + old_logprobs
+
+
+def recompute_passes(recipe) -> int:
+    """The update's passes that recompute checkpointed layers (no logits): one per PPO epoch, with checkpointing."""
+    return recipe.grpo.num_iterations * bool(recipe.policy.gradient_checkpointing)
 
 
 def card_budget(recipe, shape, card: Card) -> int:
@@ -247,7 +257,7 @@ def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_s
         rollout = rollout_cost(shape, card, episode, trajectories, recipe.generation_batch(), budget,
                                recipe.rollout.max_new_tokens, decode_steps, speed)
     update = update_cost(shape, card, episode, trajectories, recipe.rollout.max_context_tokens,
-                         update_passes(recipe), speed, bool(recipe.policy.gradient_checkpointing))
+                         update_passes(recipe), speed, recompute_passes(recipe))
     step = {**rollout, **update, "generated_tokens": trajectories * episode.model_tokens}
     step.pop("rows", None)
     steps = recipe.grpo.steps
@@ -396,9 +406,11 @@ def print_cost(design: dict) -> None:
     print(f"Assumed (not measured): prefill at {speed.prefill_mfu:.0%} and the update at {speed.update_mfu:.0%} of the "
           f"card's 16-bit peak; decode at {speed.bandwidth_share:.0%} of its bandwidth and at least "
           f"{speed.decode_floor_s * 1000:.0f} ms a step; a generate call decodes {speed.longest_message} steps "
-          f"(its longest message; the bound: {recipe.rollout.max_new_tokens}). The FLOP count "
-          f"({update_passes(recipe)} forward-sized passes a trained token) puts the update measured on 2 CPU cores "
-          f"(benchmarks/RESULTS.md, issue 16) at {cpu_update_rate():.0f} GFLOP/s, well under two AVX2 cores' fp32 peak.")
+          f"(its longest message; the bound: {recipe.rollout.max_new_tokens}). The update counts "
+          f"{update_passes(recipe)} forward-sized passes a trained token (forward, backward, recompute, the "
+          f"reference's, and TRL's old log-probs: {recipe.grpo.mini_batches} mini-batches a step); counted the same "
+          f"way, the update measured on 2 CPU cores (benchmarks/RESULTS.md, issue 16: 4 passes) ran at "
+          f"{cpu_update_rate():.0f} GFLOP/s, well under two AVX2 cores' fp32 peak.")
     run = design["cards"][0]["cases"]["like the ground truth"]["run"]
     print(f"Where the hours go with generate: prefill, since each model message re-reads its episode's whole context "
           f"(generate keeps no cache between an episode's messages): {run['prefill_tokens'] / 1e9:.2f} G tokens a run, "

@@ -82,13 +82,21 @@ def test_the_vllm_cost_arithmetic_against_hand_computed_figures():
 
 
 def test_the_plan_for_the_paper_recipe():
-    """The paper recipe's figures: 72 steps of 32 tasks x 8, 4 passes a trained token (reference, forward,
-    recompute, backward), each card's generate budget as docs/gpu.md's table gives it, the episodes, and the total
-    of 2 arms x N seeds runs plus 2N + 1 evaluations."""
+    """The paper recipe's figures: 72 steps of 32 tasks x 8, 5 passes a trained token (forward, backward,
+    recompute, the reference's, and TRL's old log-probs, which 4 mini-batches a step need), each card's generate
+    budget as docs/gpu.md's table gives it, the episodes, and the total of 2 arms x N seeds runs plus 2N + 1
+    evaluations."""
     script = _script()
     recipe = load_recipe(ROOT / script.ARMS["seal"])
-    assert script.update_passes(recipe) == 4
-    assert script.update_passes(recipe.model_copy(update={"grpo": recipe.grpo.model_copy(update={"beta": 0.0})})) == 3
+
+    def grpo(**fields):
+        return recipe.model_copy(update={"grpo": recipe.grpo.model_copy(update=fields)})
+
+    assert script.update_passes(recipe) == 5
+    assert script.update_passes(grpo(beta=0.0)) == 4
+    assert script.update_passes(grpo(mini_batches=1)) == 4  # one optimizer step a step: TRL scores no old log-probs
+    assert script.update_passes(grpo(mini_batches=1, num_iterations=2)) == 2 * 3 + 1 + 1  # each epoch's 3; once 2
+    assert script.recompute_passes(grpo(num_iterations=2)) == 2
     from seal_lite.core.memory import KNOWN_SHAPES
 
     shape = KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"]
