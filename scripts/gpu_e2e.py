@@ -18,8 +18,9 @@ imports it) and writes ``OUT/<part>.json`` as it goes: a part stopped at its lim
                     differ in length: the update compares them with the trained model's own, off-policy
                     (grpo.mini_batches 2: TRL's old log-probs, Unsloth's left-packed ones) and on-policy (1: the loss's);
                     the logged gap must be near 0 and the LoRA must move
-  decode_graphs     greedy decode time with Unsloth's CUDA-graph decode off and on (its ``_decode_graphs.ENABLED``), on
-                    the Qwen2 shape the recipes train and on a Llama of the same widths; the outputs must be equal
+  decode_graphs     greedy decode time with Unsloth's CUDA-graph decode forced off, and as seal-lite's rollouts get it
+                    (inside Unsloth's RL generation scope), on the Qwen2 shape the recipes train (once more with Qwen2
+                    let into the models Unsloth captures) and on a Llama of the same widths; outputs must be equal
 
 What stands in for what a GPU user has: the policy is a random-init Qwen2 of Qwen2.5-1.5B's widths with 4 layers
 (``--cpu``: benchmarks/gpu_memory.py's 2-layer TINY) and the locally built tokenizer; a random model never passes a
@@ -54,7 +55,7 @@ sys.path.insert(0, str(ROOT))  # tests.support: the scripted generation of the r
 PARTS = ["run_resume", "eval_base", "engine_logprobs", "decode_graphs"]
 # seconds each part may take on a GPU (they sum to 6 minutes; Unsloth's first step compiles for about a minute);
 # on a shared 2-core CPU the tiny models take longer: x4
-LIMITS = {"run_resume": 180, "eval_base": 40, "engine_logprobs": 90, "decode_graphs": 50}
+LIMITS = {"run_resume": 170, "eval_base": 40, "engine_logprobs": 80, "decode_graphs": 60}
 CPU_SCALE = 4
 TASKS = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2"]  # their prompts differ in length
 STEPS = 3
@@ -150,8 +151,10 @@ def engine_logprobs(ctx: Context, result: dict) -> bool:
 
 
 def decode_graphs(ctx: Context, result: dict) -> bool:
-    """Greedy decode, Unsloth's CUDA-graph decode off then on, on the recipes' Qwen2 shape and a Llama of the same
-    widths (Unsloth 2026.10.9 captures graphs for llama and qwen3 only, unsloth/models/_decode_graphs.py)."""
+    """Greedy decode under the policy's generation mode, Unsloth's CUDA-graph decode forced off ("eager"), then as
+    seal-lite's rollouts get it ("rollouts": Unsloth's RL scope decides), on the recipes' Qwen2 shape and a Llama of
+    the same widths; and on the Qwen2 shape once more with Qwen2 let in ("qwen2_allowed"): Unsloth 2026.10.9
+    captures graphs for llama and qwen3 only (``_decode_graphs._SUPPORTED_MODEL_TYPES``), Qwen2 "untested"."""
     import torch
 
     ctx.import_backend()
@@ -167,16 +170,22 @@ def decode_graphs(ctx: Context, result: dict) -> bool:
         ids = torch.randint(10, len(policy.tokenizer) - 10, (rows, prompt),
                             generator=torch.Generator().manual_seed(0)).to(policy.model.device)
         arms = {}
-        for graphs in (False, True):
-            with decode_graphs_forced(graphs) as graph_module:
-                arms["graphs" if graphs else "eager"] = arm = time_decode(policy, ids, new)
+        for arm, enabled, allow_qwen2 in (("eager", False, False), ("rollouts", None, False),
+                                          ("qwen2_allowed", None, True)):
+            if allow_qwen2 and family != "qwen2":
+                continue
+            with decode_graphs_forced(enabled, allow_qwen2) as graph_module:
+                arms[arm] = time_decode(policy, ids, new)
                 if graph_module is not None:
-                    arm["graph_stats"] = graph_stats(graph_module, policy.model)
-        same = arms["eager"].pop("tokens") == arms["graphs"].pop("tokens")
-        result[family] = arms | {"greedy_equal": same,
-                                 "speedup": round(arms["eager"]["ms_per_step"] / arms["graphs"]["ms_per_step"], 3)}
+                    arms[arm]["graph_stats"] = graph_stats(graph_module, policy.model)
+        eager = arms["eager"].pop("tokens")
+        for name, arm in arms.items():
+            if name != "eager":
+                arm["greedy_equal"] = arm.pop("tokens") == eager
+                arm["speedup"] = round(arms["eager"]["ms_per_step"] / arm["ms_per_step"], 3)
+        result[family] = arms
         ctx.save(result)
-        ok = ok and same
+        ok = ok and all(arm.get("greedy_equal", True) for arm in arms.values())
         del policy
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -335,18 +344,24 @@ def read_store(db_path: Path) -> dict:
 
 
 @contextlib.contextmanager
-def decode_graphs_forced(on: bool):
-    """Unsloth's decode graphs forced on or off (its programmatic override); yields the module, None without it."""
+def decode_graphs_forced(enabled: bool | None, allow_qwen2: bool = False):
+    """Unsloth's decode graphs forced on or off, or None: as its RL generation scope decides (its programmatic
+    override ``ENABLED``); ``allow_qwen2``: Qwen2 models among those it captures. Yields the module, None without
+    Unsloth (a CPU)."""
     try:
         from unsloth.models import _decode_graphs
     except ImportError:
         yield None
         return
-    before, _decode_graphs.ENABLED = _decode_graphs.ENABLED, on
+    before, supported = _decode_graphs.ENABLED, set(_decode_graphs._SUPPORTED_MODEL_TYPES)
+    _decode_graphs.ENABLED = enabled
+    if allow_qwen2:
+        _decode_graphs._SUPPORTED_MODEL_TYPES.add("qwen2")
     try:
         yield _decode_graphs
     finally:
         _decode_graphs.ENABLED = before
+        _decode_graphs._SUPPORTED_MODEL_TYPES.intersection_update(supported)
 
 
 def graph_stats(module, model) -> dict:

@@ -245,15 +245,22 @@ def set_pad_token(tokenizer, model, stops: set[int]) -> None:
 
 @contextlib.contextmanager
 def _unsloth_generation_mode(model):
-    """Unsloth's own switches: for_inference turns on its fast generation path (model.eval() leaves its training
-    kernels and checkpointing on); for_training restores them for the update."""
+    """Unsloth's own switches, as its RL trainers' generation sets them (unsloth/models/rl.py,
+    ``unsloth_unwrap_model_for_generation``): for_inference turns on its fast generation path (model.eval() leaves
+    its training kernels and checkpointing on); inside ``rl_generation`` its decode step replays CUDA graphs, which
+    plain ``generate`` never does (Unsloth 2026.10.9 captures them for Llama and Qwen3 models; a Qwen2.5 policy
+    decodes eagerly still); afterwards ``release_for_training`` frees the graphs and their decode buffers (an
+    optimizer step would invalidate them anyway) and for_training restores the training kernels for the update."""
     from unsloth import FastLanguageModel
+    from unsloth.models import _decode_graphs
 
     was_training = model.training
     FastLanguageModel.for_inference(model)
     try:
-        yield
+        with _decode_graphs.rl_generation():
+            yield
     finally:
+        _decode_graphs.release_for_training(model)
         if was_training:
             FastLanguageModel.for_training(model)
 

@@ -243,3 +243,46 @@ def test_float16_is_refused_without_a_gpu(tmp_path):
     result = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "r"), "--set", "policy.dtype=float16"])
     assert result.exit_code == 2 and "policy.dtype" in result.output and "float16 training needs a GPU" in result.output
     assert not (tmp_path / "r").exists()
+
+
+def test_unsloth_rollouts_decode_in_its_rl_scope_and_free_its_graphs_before_the_update(tmp_path, monkeypatch):
+    """Unsloth replays its decode step as CUDA graphs only inside its RL generation scope: seal-lite's rollouts enter
+    it, and leave it through release_for_training (graphs and decode buffers freed) before for_training, as Unsloth's
+    own RL trainers do (unsloth/models/rl.py, unsloth_unwrap_model_for_generation). A stand-in for Unsloth's modules
+    records the order of the calls (Unsloth itself needs a GPU: scripts/gpu_e2e.sh's decode_graphs part times it)."""
+    from seal_lite.engines.policy import _unsloth_generation_mode
+
+    site = tmp_path / "site"
+    (site / "unsloth" / "models").mkdir(parents=True)
+    (site / "unsloth" / "__init__.py").write_text(
+        "CALLS = []\n"
+        "class FastLanguageModel:\n"
+        "    for_inference = staticmethod(lambda model: CALLS.append('for_inference'))\n"
+        "    for_training = staticmethod(lambda model: CALLS.append('for_training'))\n")
+    (site / "unsloth" / "models" / "__init__.py").write_text("")
+    (site / "unsloth" / "models" / "_decode_graphs.py").write_text(
+        "import contextlib\n"
+        "from unsloth import CALLS\n"
+        "@contextlib.contextmanager\n"
+        "def rl_generation():\n"
+        "    CALLS.append('rl_generation')\n"
+        "    yield\n"
+        "    CALLS.append('rl_generation ends')\n"
+        "def release_for_training(model):\n"
+        "    CALLS.append('release_for_training')\n")
+    monkeypatch.syspath_prepend(str(site))
+    for name in ("unsloth", "unsloth.models", "unsloth.models._decode_graphs"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import unsloth
+
+    model = torch.nn.Linear(2, 2)
+    with _unsloth_generation_mode(model):
+        unsloth.CALLS.append("generate")
+    assert unsloth.CALLS == ["for_inference", "rl_generation", "generate", "rl_generation ends",
+                             "release_for_training", "for_training"]
+    unsloth.CALLS.clear()
+    with pytest.raises(RuntimeError), _unsloth_generation_mode(model):  # a failed rollout frees them too
+        raise RuntimeError("out of memory")
+    assert unsloth.CALLS[-2:] == ["release_for_training", "for_training"]
+    for name in ("unsloth", "unsloth.models", "unsloth.models._decode_graphs"):
+        sys.modules.pop(name, None)
