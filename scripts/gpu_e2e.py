@@ -22,6 +22,14 @@ imports it) and writes ``OUT/<part>.json`` as it goes: a part stopped at its lim
                     (inside Unsloth's RL generation scope), on the Qwen2 shape the recipes train (once more with Qwen2
                     let into the models Unsloth captures) and on a Llama of the same widths; outputs must be equal
 
+and, by name only (``--parts update_prefix``), a benchmark for the update's cost on a GPU (issue 65):
+
+  update_prefix     one update of a group of G = 8 trajectories at the paper's shapes (a real task's 5k-token opening
+                    under the official view, completions of three model and two environment messages) on the peft-4bit
+                    backend at Qwen2.5-7B's widths (2 layers; the tiny model in fp32 on a CPU), one pass per
+                    trajectory against each group's prompt computed once (grpo.shared_prefix): seconds, peak memory,
+                    the ratio, and how far the LoRA gradients of the two ways differ
+
 What stands in for what a GPU user has: the policy is a random-init Qwen2 of Qwen2.5-1.5B's widths with 4 layers
 (``--cpu``: benchmarks/gpu_memory.py's 2-layer TINY) and the locally built tokenizer; a random model never passes a
 task, so, as tests/support/scripted_run.py does for the resume tests, each message is replaced by the task's ground
@@ -53,9 +61,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))  # tests.support: the scripted generation of the resume tests
 
 PARTS = ["run_resume", "eval_base", "engine_logprobs", "decode_graphs"]
-# seconds each part may take on a GPU (they sum to 6 minutes; Unsloth's first step compiles for about a minute);
-# on a shared 2-core CPU the tiny models take longer: x4
-LIMITS = {"run_resume": 170, "eval_base": 40, "engine_logprobs": 80, "decode_graphs": 60}
+BENCHMARKS = ["update_prefix"]  # run by name (--parts), after the parts, on a GPU with time left
+# seconds each part may take on a GPU (the parts sum to 6 minutes; Unsloth's first step compiles for about a
+# minute); on a shared 2-core CPU the tiny models take longer: x4
+LIMITS = {"run_resume": 170, "eval_base": 40, "engine_logprobs": 80, "decode_graphs": 60, "update_prefix": 120}
 CPU_SCALE = 4
 TASKS = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2"]  # their prompts differ in length
 STEPS = 3
@@ -192,6 +201,73 @@ def decode_graphs(ctx: Context, result: dict) -> bool:
     return ok
 
 
+def update_prefix(ctx: Context, result: dict) -> bool:
+    """The update one pass per trajectory, then with each group's prompt computed once, on the same batch in this
+    process: the seconds and peak memory of each, and the relative difference of their LoRA gradients."""
+    import gc
+
+    import torch
+    from transformers import TrainerCallback
+    from update_speed import TASK, rollout_batch
+
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.engines.policy import load_policy
+    from seal_lite.training.grpo import build_trainer
+
+    model_dir = ctx.model_dir("qwen2", "7b")
+    gradients = {}
+    for way, shared in (("per_trajectory", False), ("shared_prefix", True)):
+        recipe = load_recipe(None, ctx.policy_overrides(model_dir) | {
+            "policy.backend": "peft" if ctx.cpu else "peft-4bit", "policy.gradient_checkpointing": True,
+            "data.task_ids": [TASK], "rollout.num_generations": 8, "rollout.max_context_tokens": 16384,
+            "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.shared_prefix": shared, "grpo.max_grad_norm": 1e9})
+        policy = load_policy(model_dir, recipe)
+        batch = rollout_batch(policy.tokenizer, 8, None)
+        gradients[way] = {}
+
+        class Gradients(TrainerCallback):  # after the micro-batches' gradients add up, before the optimizer steps
+            def __init__(self, captured: dict):
+                self.captured = captured
+
+            def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+                self.captured.update({n: p.grad.detach().float().cpu() for n, p in model.named_parameters()
+                                      if "lora_" in n})
+
+        trainer = build_trainer(policy, recipe, [TASK], lambda prompts, batch=batch: batch,
+                                str(ctx.work / f"trl-{way}"), callbacks=[Gradients(gradients[way])])
+        trainer.args.save_strategy = "no"
+        with torch.no_grad():  # a non-zero adapter, as update_speed.py has it: the KL term counts
+            for name, parameter in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)) * 1e-3)
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        trainer.train()
+        if cuda:
+            torch.cuda.synchronize()
+        result[way] = {"seconds": round(time.perf_counter() - started, 2), "shared_prefix": trainer.shared_prefix,
+                       "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+                       "prompt_tokens": len(batch.prompt_ids[0]),
+                       "completion_tokens": sum(map(len, batch.completion_ids)), "dtype": str(policy.dtype)}
+        ctx.save(result)
+        del trainer, policy
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    reference, shared = gradients["per_trajectory"], gradients["shared_prefix"]
+    difference = torch.stack([(shared[n] - reference[n]).pow(2).sum() for n in reference]).sum().sqrt()
+    norm = torch.stack([g.pow(2).sum() for g in reference.values()]).sum().sqrt()
+    relative = float(difference / norm)
+    tolerance = 1e-3 if result["shared_prefix"]["dtype"] == "torch.float32" else 0.3  # as gpu_check's parity
+    result |= {"speedup": round(result["per_trajectory"]["seconds"] / result["shared_prefix"]["seconds"], 2),
+               "relative_gradient_difference": float(f"{relative:.3g}"), "gradient_norm": float(f"{float(norm):.3g}"),
+               "tolerance": tolerance}
+    return result["shared_prefix"]["shared_prefix"] and float(norm) > 0 and relative <= tolerance
+
+
 # --- what the parts share ----------------------------------------------------------------------------------------
 
 class Context:
@@ -206,13 +282,15 @@ class Context:
         if not self.cpu:
             import unsloth  # noqa: F401  (first: it patches transformers, peft and trl)
 
-    def model_dir(self, family: str = "qwen2") -> str:
-        """A random-init model of the part's shape with the local tokenizer, built once per work folder."""
+    def model_dir(self, family: str = "qwen2", width: str = "1.5b") -> str:
+        """A random-init model with the local tokenizer, built once per work folder: on a GPU of Qwen2.5's
+        ``width`` with 4 layers (1.5b) or 2 (7b), on a CPU the tiny one."""
         import gpu_memory
 
-        directory = self.work / f"model-{family}"
+        directory = self.work / f"model-{family}-{width}"
         if not (directory / "config.json").exists():
-            shape = gpu_memory.TINY if self.cpu else dataclasses.replace(gpu_memory.SHAPES["1.5b"], layers=4)
+            layers = {"1.5b": 4, "7b": 2}[width]
+            shape = gpu_memory.TINY if self.cpu else dataclasses.replace(gpu_memory.SHAPES[width], layers=layers)
             gpu_memory.random_model_dir(shape, str(directory), family=family)
         return str(directory)
 
@@ -447,9 +525,10 @@ def run_all(parts: list[str], out: Path, cpu: bool) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="folder for one JSON file per part")
-    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated, in order")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated, in order (default: {','.join(PARTS)}; also: {','.join(BENCHMARKS)})")
     parser.add_argument("--cpu", action="store_true", help="the tiny model and peft on the CPU (the test suite's)")
-    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # one part, in this process
+    parser.add_argument("--part", choices=PARTS + BENCHMARKS, help=argparse.SUPPRESS)  # one part, in this process
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--harness", choices=["cli"], help=argparse.SUPPRESS)  # seal-lite, scripted
     parser.add_argument("arguments", nargs="*", help=argparse.SUPPRESS)

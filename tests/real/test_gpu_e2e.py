@@ -48,3 +48,14 @@ def test_a_part_that_fails_leaves_its_reason_and_the_next_part_still_runs(tmp_pa
     evaluation = json.loads((tmp_path / "eval_base.json").read_text())
     assert evaluation["ok"] is False and evaluation["error"] == "no run to evaluate: run_resume did not leave one"
     assert json.loads((tmp_path / "decode_graphs.json").read_text())["ok"] is True
+
+
+def test_the_update_benchmark_compares_the_two_ways_on_one_batch(tmp_path):
+    """--parts update_prefix: the same group of 8 paper-shaped trajectories updated one pass per trajectory and with
+    its prompt computed once; the gradients agree (fp32 here) and the shared prefix really ran."""
+    done = gpu_e2e(tmp_path, "--parts", "update_prefix")
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads((tmp_path / "update_prefix.json").read_text())
+    assert row["shared_prefix"]["shared_prefix"] and not row["per_trajectory"]["shared_prefix"]
+    assert row["shared_prefix"]["prompt_tokens"] > 4000 and row["gradient_norm"] > 0
+    assert row["relative_gradient_difference"] <= 1e-3 and row["speedup"] > 0
