@@ -11,8 +11,8 @@ imports it) and writes ``OUT/<part>.json`` as it goes: a part stopped at its lim
   run_resume        the real ``seal-lite run`` CLI on the Unsloth backend (peft on a CPU): 3 steps of 2 real BFCL tasks,
                     killed with SIGKILL once step 1's checkpoint is committed, then the same command again, which must
                     resume after the committed step and finish: each step stored and committed once, one checkpoint
-                    directory kept (grpo.keep_checkpoints 1), the LoRA
-                    moved on the steps that had a learning signal, the trainer Unsloth's
+                    directory kept (grpo.keep_checkpoints 1), the LoRA moved on the steps that had a learning signal,
+                    no fall-back in the run's log (on Unsloth the run itself refuses a trainer that is not Unsloth's)
   eval_base         ``seal-lite eval RUN --base --tasks 1``: the trained adapter and the base model, greedy, in one process
   engine_logprobs   rollouts whose engine also reports its log-probs (as vLLM and llama.cpp do), on tasks whose prompts
                     differ in length: the update compares them with the trained model's own, off-policy
@@ -184,6 +184,9 @@ def decode_graphs(ctx: Context, result: dict) -> bool:
             if allow_qwen2 and family != "qwen2":
                 continue
             with decode_graphs_forced(enabled, allow_qwen2) as graph_module:
+                if allow_qwen2 and graph_module is not None:  # Unsloth keeps a model's "model type" refusal
+                    for state in graph_module._states(policy.model):
+                        state.disabled = None
                 arms[arm] = time_decode(policy, ids, new)
                 if graph_module is not None:
                     arms[arm]["graph_stats"] = graph_stats(graph_module, policy.model)
