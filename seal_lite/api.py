@@ -31,7 +31,7 @@ from seal_lite.core.errors import ConfigError, RunError, SealLiteError
 from seal_lite.core.recipe import Recipe, RecipeError, load_recipe
 from seal_lite.core.types import NoProgress, Progress
 
-__all__ = ["SealLiteError", "checked_recipe", "diagnose", "doctor", "evaluate", "export", "interface_version",
+__all__ = ["SealLiteError", "card_plan", "checked_recipe", "diagnose", "doctor", "evaluate", "export", "interface_version",
            "interface_versions", "load_recipe", "parse_overrides", "prompt", "report", "run", "screen", "trajectory",
            "verify", "verify_summary"]
 
@@ -75,6 +75,46 @@ def checked_recipe(path: str | Path | None = None, overrides: dict | None = None
     if problems:
         raise RecipeError("\n".join(problems))
     return recipe
+
+
+def card_plan(recipe: Recipe, card: str) -> dict:
+    """What ``recipe`` needs on a card before one is rented (``seal-lite recipe RECIPE --card NAME``): the memory
+    model's widest generate call and the budget that fits, the update's estimated peak, and the estimated hours
+    (seal_lite/core/plan.py). ``card``: a card class's name (``plan.card_key``: rtx-4090, t4, ...) or ``here``, the
+    GPU torch sees. The recipe is not checked against this machine: the card is elsewhere."""
+    import json
+
+    from seal_lite.core import plan
+    from seal_lite.core.memory import KNOWN_SHAPES, Shape
+
+    model = recipe.policy.model
+    if model in KNOWN_SHAPES:
+        shape = KNOWN_SHAPES[model]
+    elif (Path(model) / "config.json").is_file():
+        shape = Shape.from_config(json.loads((Path(model) / "config.json").read_text()))
+    else:
+        raise ConfigError(f"--card: the shape of policy.model {model!r} is unknown here; plans know "
+                          f"{', '.join(KNOWN_SHAPES)} and local model directories (their config.json)")
+    return plan.card_plan(recipe, shape, _card(card))
+
+
+def _card(name: str):
+    """The card class ``name`` names, or for ``here`` the one whose name the GPU torch sees carries."""
+    from seal_lite.core import plan
+
+    if name != "here":
+        return next(card for card in plan.CARDS if plan.card_key(card) == name)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("--card here: torch sees no GPU; name a card instead, e.g. --card rtx-4090")
+    device = torch.cuda.get_device_name().upper().replace("-", " ").split()  # NVIDIA A100 SXM4 80GB
+    for card in plan.CARDS:
+        model = next(word for word in card.name.upper().split() if any(c.isdigit() for c in word))  # A100, 4090
+        if model in device:
+            return card
+    raise ConfigError(f"--card here: {torch.cuda.get_device_name()} is none of the card classes a plan knows; name "
+                      f"the closest: {', '.join(plan.card_key(card) for card in plan.CARDS)}")
 
 
 def launched_processes() -> int:

@@ -10,6 +10,7 @@ import click
 
 from seal_lite import api
 from seal_lite.core.errors import ConfigError, SealLiteError
+from seal_lite.core.plan import CARDS, card_key
 from seal_lite.core.recipe import RecipeError, describe_fields
 
 
@@ -35,6 +36,9 @@ out_option = click.option("--out", type=click.Path(file_okay=False), help="The r
                           "`seal-lite run` takes runs/<name>-2, ... if a finished run is there, resumes an unfinished one).")
 run_argument = click.argument("run_dir", metavar="RUN", type=click.Path(exists=True))
 json_output = click.option("--json", "as_json", is_flag=True, help="Print JSON (an object, or a line per row).")
+
+
+CARD_KEYS = [card_key(card) for card in CARDS]
 
 
 def recipe_options(command):
@@ -289,18 +293,27 @@ def prompt(task_id, model, run_dir, number, turn):
 @main.command()
 @recipe_options
 @click.option("--fields", is_flag=True, help="List every field with its default and description.")
-def recipe(recipe, overrides, out, fields):
+@click.option("--card", type=click.Choice([*CARD_KEYS, "here"]),
+              help="Instead, plan the recipe for this GPU class (here: the one torch sees): its memory by the memory "
+                   "model, whether it fits, the --set that makes it fit, and the estimated hours a step and a run.")
+def recipe(recipe, overrides, out, fields, card):
     """Validate a recipe, as `seal-lite run` does, and print it fully resolved (defaults < file < --set).
 
     \b
     Examples:
       seal-lite recipe recipes/quickstart.yaml
       seal-lite recipe --fields
+      seal-lite recipe recipes/gpu-24gb.yaml --card rtx-4090
     """
     import yaml
 
     if fields:
         return click.echo("\n".join(f"{name} = {default}\n    {meaning}" for name, default, meaning in describe_fields()))
+    if card:
+        from seal_lite.console import print_card_plan
+
+        config = api.load_recipe(recipe, api.parse_overrides(overrides))  # the schema only: the card is elsewhere
+        return print_card_plan(config, api.card_plan(config, card))
     click.echo(yaml.safe_dump(_load(recipe, overrides, out=out).model_dump(), sort_keys=False).rstrip())
 
 

@@ -402,3 +402,25 @@ def _doctor_verdict(report: dict, yes: str, no: str) -> str:
         return f"{no} not ready to train: {'; '.join(problems)}"
     checked = "masking verified" if test is not None else "masking self-test skipped"
     return f"{yes} ready to train: required backends present, {checked}"
+
+
+def print_card_plan(recipe, plan: dict) -> None:
+    """``seal-lite recipe RECIPE --card NAME``: what the recipe needs on that card, each figure marked as the memory
+    model's, an estimate or an assumption."""
+    card, fits = plan["card"], {True: "[green]fits[/]", False: "[red]does not fit[/]"}
+    console.print(f"[bold]{recipe.name} on {card.name}[/] ({card.memory_gb} GB, {card.tflops:g} TFLOP/s 16-bit, "
+                  f"{card.bandwidth:g} TB/s), policy.backend {recipe.policy.backend}, {plan['rollouts']} rollouts:")
+    console.print(f"  rollouts  the widest generate call, {plan['rows']} rows of {recipe.rollout.max_context_tokens:,} "
+                  f"tokens (budget {plan['budget']:,}), needs {plan['call_gb']:.1f} GB with the weights: "
+                  f"{fits[plan['call_fits']]} in 90% of the card (the memory model, checked against measured peaks)")
+    if not plan["call_fits"] or plan["fitting_budget"] < plan["budget"]:
+        fix = (f"--set rollout.generation_token_budget={plan['fitting_budget']}" if plan["fitting_budget"]
+               else "a smaller rollout.max_context_tokens (not one row of the context fits)")
+        console.print(f"            to fit: {fix}")
+    console.print(f"  update    one trajectory of {recipe.rollout.max_context_tokens:,} tokens a pass needs about "
+                  f"{plan['update_gb']:.1f} GB: {fits[plan['update_fits']]} (an estimate; no GPU has measured it)")
+    for case, hours in plan["hours"].items():
+        console.print(f"  hours     episodes {case}: {hours['step']:.2f} h a step, {hours['run']:,.0f} h for the "
+                      f"{recipe.grpo.steps} steps ({hours['update_share']:.0%} of it the update)")
+    console.print("            estimated: the speeds are assumptions until a GPU measures them "
+                  "(seal_lite/core/plan.py, Speed; docs/gpu.md)")

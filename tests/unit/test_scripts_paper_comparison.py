@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from seal_lite.core import plan
 from seal_lite.core.memory import NF4_BYTES, Shape
 from seal_lite.core.recipe import load_recipe
 from tests.helpers import load_script
@@ -26,37 +27,36 @@ def test_the_cost_arithmetic_against_hand_computed_figures():
     """A toy model on a card of 1 FLOP/s and 1 byte/s at full efficiency: every term of prefill, decode and update
     worked out by hand. The toy's projections hold 2 x (4 x 2 x (2 x 2 + 2 x 1) + 3 x 4 x 8) = 288 weights, so a
     forward over W tokens is 576 W + 16 W^2 FLOPs (attention: 2 x 2 layers x 2 heads x 2 dims)."""
-    script = _script()
-    card = script.Card("toy", 1, 1e-12, 1e-12)
-    speed = script.Speed(prefill_mfu=1, update_mfu=1, bandwidth_share=1, decode_floor_s=0, longest_message=4)
+    card = plan.Card("toy", 1, 1e-12, 1e-12)
+    speed = plan.Speed(prefill_mfu=1, update_mfu=1, bandwidth_share=1, decode_floor_s=0, longest_message=4)
     assert TOY.linear_params() == 288
-    assert script.forward_flops(TOY, 10) == 7360 and script.forward_flops(TOY, 15) == 12240
-    assert script.kv_bytes(TOY) == 16  # 2 layers x (k, v) x 1 head x 2 dims x 2 bytes
-    assert script.weight_bytes(TOY) == pytest.approx(288 * NF4_BYTES + 80)  # NF4 projections, 16-bit LM head
+    assert plan.forward_flops(TOY, 10) == 7360 and plan.forward_flops(TOY, 15) == 12240
+    assert plan.kv_bytes(TOY) == 16  # 2 layers x (k, v) x 1 head x 2 dims x 2 bytes
+    assert plan.weight_bytes(TOY) == pytest.approx(288 * NF4_BYTES + 80)  # NF4 projections, 16-bit LM head
 
-    episode = script.Episode(opening=10, messages=2, model_tokens=4, env_tokens=6)
+    episode = plan.Episode(opening=10, messages=2, model_tokens=4, env_tokens=6)
     assert episode.rounds() == [(1.0, 10.0), (1.0, 15.0)] and episode.length() == 20
-    assert script.Episode(10, 1.5, 3, 3).rounds() == [(1.0, 10.0), (0.5, 14.0)]  # half the episodes play a 2nd round
+    assert plan.Episode(10, 1.5, 3, 3).rounds() == [(1.0, 10.0), (0.5, 14.0)]  # half the episodes play a 2nd round
 
     # 3 episodes, calls of at most 2 rows: 2 calls a round, 4 decode steps each, a step reads weights + 2 rows' cache
-    cost = script.rollout_cost(TOY, card, episode, 3, rows_cap=2, budget=None, new_tokens=5, decode_steps=4,
+    cost = plan.rollout_cost(TOY, card, episode, 3, rows_cap=2, budget=None, new_tokens=5, decode_steps=4,
                                speed=speed)
     weights = 288 * NF4_BYTES + 80
     assert cost["prefill_tokens"] == 75 and cost["prefill"] == pytest.approx(3 * (7360 + 12240))
     assert cost["decode"] == pytest.approx(2 * 4 * (weights + 2 * 12 * 16) + 2 * 4 * (weights + 2 * 17 * 16))
     # a budget of 30 padded tokens: 2 rows of 10 + 5 fit, 1 row of 15 + 5, so the second round takes 3 calls
-    cut = script.rollout_cost(TOY, card, episode, 3, rows_cap=2, budget=30, new_tokens=5, decode_steps=4, speed=speed)
+    cut = plan.rollout_cost(TOY, card, episode, 3, rows_cap=2, budget=30, new_tokens=5, decode_steps=4, speed=speed)
     assert cut["decode"] == pytest.approx(2 * 4 * (weights + 2 * 12 * 16) + 3 * 4 * (weights + 17 * 16))
-    floored = script.rollout_cost(TOY, card, episode, 3, 2, None, 5, 4, script.Speed(decode_floor_s=1e9))
+    floored = plan.rollout_cost(TOY, card, episode, 3, 2, None, 5, 4, plan.Speed(decode_floor_s=1e9))
     assert floored["decode"] == 4 * 4 * 1e9  # 4 calls x 4 steps, each at the floor
 
     # the update: 3 trajectories of 20 tokens, 4 passes, the LM head over the 10 completion tokens in 3 of them
-    update = script.update_cost(TOY, card, episode, 3, context=100, passes=4, speed=speed)
+    update = plan.update_cost(TOY, card, episode, 3, context=100, passes=4, speed=speed)
     assert update["trained_tokens"] == 60
     assert update["update"] == pytest.approx(3 * (4 * (576 * 20 + 16 * 400) + 2 * 10 * 4 * 10 * 3))
-    assert script.update_cost(TOY, card, episode, 1, context=12, passes=4, speed=speed)["trained_tokens"] == 12
+    assert plan.update_cost(TOY, card, episode, 1, context=12, passes=4, speed=speed)["trained_tokens"] == 12
     # without checkpointing: 3 passes (reference, forward, backward), the LM head in each
-    plain = script.update_cost(TOY, card, episode, 3, context=100, passes=3, speed=speed, recompute=False)
+    plain = plan.update_cost(TOY, card, episode, 3, context=100, passes=3, speed=speed, recompute=False)
     assert plain["update"] == pytest.approx(3 * (3 * (576 * 20 + 16 * 400) + 2 * 10 * 4 * 10 * 3))
 
 
@@ -64,20 +64,19 @@ def test_the_vllm_cost_arithmetic_against_hand_computed_figures():
     """vLLM's rollouts on the toy card: each task's opening read once for its group, then only the environment's
     tokens, attending to the episode's mean width; decode in continuous batches of as many episodes as the cache
     holds at their full length."""
-    script = _script()
-    card = script.Card("toy", 1, 1e-12, 1e-12)
-    speed = script.Speed(prefill_mfu=1, bandwidth_share=1, vllm_decode_floor_s=0)
-    episode = script.Episode(opening=10, messages=2, model_tokens=4, env_tokens=6)  # 20 tokens, mean width 15
+    card = plan.Card("toy", 1, 1e-12, 1e-12)
+    speed = plan.Speed(prefill_mfu=1, bandwidth_share=1, vllm_decode_floor_s=0)
+    episode = plan.Episode(opening=10, messages=2, model_tokens=4, env_tokens=6)  # 20 tokens, mean width 15
     weights = 288 * NF4_BYTES + 80
     # 4 episodes of 2 tasks (G = 2); a cache of 45 tokens holds 2 episodes of 20
-    cost = script.vllm_rollout_cost(TOY, card, episode, 4, group_size=2, cache_tokens=45, speed=speed)
+    cost = plan.vllm_rollout_cost(TOY, card, episode, 4, group_size=2, cache_tokens=45, speed=speed)
     attention = 4 * 2 * 2 * 2  # 4 x layers x heads x head_dim
     assert cost["prefill_tokens"] == 2 * 10 + 4 * 6
     assert cost["prefill"] == pytest.approx(2 * 7360 + 4 * 6 * (2 * 288 + attention * 15))
     assert cost["rows"] == 2
     assert cost["decode"] == pytest.approx(4 * 4 / 2 * (weights + 2 * 15 * 16))  # 16 tokens, 2 a step
-    assert script.vllm_rollout_cost(TOY, card, episode, 4, 2, 10, speed)["rows"] == 1  # less than one episode: 1
-    floored = script.vllm_rollout_cost(TOY, card, episode, 4, 2, 45, script.Speed(vllm_decode_floor_s=1e9))
+    assert plan.vllm_rollout_cost(TOY, card, episode, 4, 2, 10, speed)["rows"] == 1  # less than one episode: 1
+    floored = plan.vllm_rollout_cost(TOY, card, episode, 4, 2, 45, plan.Speed(vllm_decode_floor_s=1e9))
     assert floored["decode"] == 8 * 1e9
 
 
@@ -92,21 +91,21 @@ def test_the_plan_for_the_paper_recipe():
     def grpo(**fields):
         return recipe.model_copy(update={"grpo": recipe.grpo.model_copy(update=fields)})
 
-    assert script.update_passes(recipe) == 5
-    assert script.update_passes(grpo(beta=0.0)) == 4
-    assert script.update_passes(grpo(mini_batches=1)) == 4  # one optimizer step a step: TRL scores no old log-probs
-    assert script.update_passes(grpo(mini_batches=1, num_iterations=2)) == 2 * 3 + 1 + 1  # each epoch's 3; once 2
-    assert script.recompute_passes(grpo(num_iterations=2)) == 2
+    assert plan.update_passes(recipe) == 5
+    assert plan.update_passes(grpo(beta=0.0)) == 4
+    assert plan.update_passes(grpo(mini_batches=1)) == 4  # one optimizer step a step: TRL scores no old log-probs
+    assert plan.update_passes(grpo(mini_batches=1, num_iterations=2)) == 2 * 3 + 1 + 1  # each epoch's 3; once 2
+    assert plan.recompute_passes(grpo(num_iterations=2)) == 2
     from seal_lite.core.memory import KNOWN_SHAPES
 
     shape = KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"]
-    budgets = {card.memory_gb: script.card_budget(recipe, shape, card) for card in script.CARDS}
+    budgets = {card.memory_gb: plan.card_budget(recipe, shape, card) for card in plan.CARDS}
     assert budgets == {80: 212_992, 48: 114_688, 24: 49_152, 15: 16_384}  # the smaller engine's, 1024 new tokens
     assert recipe.rollout.generation_token_budget == budgets[80]
 
-    bound = script.budget_episode(recipe.rollout, 4946)
+    bound = plan.budget_episode(recipe.rollout, 4946)
     assert (bound.messages, bound.model_tokens, bound.env_tokens, bound.length()) == (20, 4096, 7342, 16384)
-    expected = script.ground_truth_episode(script.MEASURED_EPISODES["train"])
+    expected = plan.ground_truth_episode(plan.MEASURED_EPISODES["train"])
     assert expected.messages == pytest.approx(5.71 + 4.16)
     assert expected.model_tokens == pytest.approx(226.6 + 40 * 4.16)
     assert expected.env_tokens == pytest.approx(191.6 + 2843.6)
@@ -156,13 +155,12 @@ def test_the_measured_episodes_count_the_datas_calls_and_turns():
     """The tokenizer-free half of MEASURED_EPISODES (``--episodes`` measures the tokens) is the BFCL data's."""
     from seal_lite.envs.bfcl import load_tasks, split_ids
 
-    script = _script()
     for split in ("train", "eval"):
         tasks = load_tasks(split_ids(split))
         assert len(tasks) == 400
         calls = sum(len(calls) for task in tasks for calls in task.ground_truth) / len(tasks)
-        assert script.MEASURED_EPISODES[split]["calls"] == pytest.approx(calls, abs=0.01)
-        assert script.MEASURED_EPISODES[split]["turns"] == pytest.approx(sum(len(t.turns) for t in tasks) / 400,
+        assert plan.MEASURED_EPISODES[split]["calls"] == pytest.approx(calls, abs=0.01)
+        assert plan.MEASURED_EPISODES[split]["turns"] == pytest.approx(sum(len(t.turns) for t in tasks) / 400,
                                                                          abs=0.01)
 
 

@@ -1,0 +1,293 @@
+"""What a run costs on a card, before renting one: the memory model's fit and the hours, by arithmetic.
+
+Pure arithmetic from the model's shape (``memory.Shape``), the recipe and a card class's datasheet: how many padded
+tokens a generate call may hold there (the memory model, seal_lite/core/memory.py, checked against measured peaks:
+docs/gpu.md), the update's peak (an estimate: ``update_peak_bytes``), and the seconds of each step's prefill, decode
+and update from the FLOPs and bytes they move at the speeds of ``Speed``, which are ASSUMPTIONS until a GPU has
+measured them. Episode sizes are measured on the BFCL data (``MEASURED_EPISODES``) or the recipe's whole budget.
+``seal-lite recipe RECIPE --card NAME`` prints ``card_plan`` for one card; scripts/paper_comparison.py --plan prints
+the paper comparison's cost on every card with the same functions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from seal_lite.core.memory import (
+    CUDA_CONTEXT,
+    GIB,
+    NF4_BYTES,
+    Shape,
+    generate_peak,
+    resident_bytes,
+    rollout_token_budget,
+    vllm_cache_tokens,
+    vllm_share,
+)
+
+
+class Episode(NamedTuple):
+    """One episode's mean size, in tokens: the opening it reads (system message, tool block, first request), its
+    model messages, what they write in all, and what the environment sends back in all (results, later turns)."""
+
+    opening: float
+    messages: float
+    model_tokens: float
+    env_tokens: float
+
+    def length(self) -> float:
+        return self.opening + self.model_tokens + self.env_tokens
+
+    def rounds(self) -> list[tuple[float, float]]:
+        """(share of the episodes still playing, prompt width) at each round of model messages: round k reads the
+        opening and k messages with what answered them. A fractional last round is played by that share."""
+        per_message = (self.model_tokens + self.env_tokens) / self.messages
+        return [(min(1.0, self.messages - k), self.opening + k * per_message) for k in range(math.ceil(self.messages))]
+
+
+# The ground truth's episodes under the official view, Qwen2.5's tokenizer (``--episodes``; measured 2026-12-03):
+# per task, the opening, the later user turns, the ground truth's calls as <tool_call> blocks (one a message) and
+# their results as <tool_response> messages, with the chat template's tokens; means over the split's 400 tasks.
+MEASURED_EPISODES = {
+    "train": {"opening": 4946.0, "user_turns": 191.6, "call_tokens": 226.6, "result_tokens": 2843.6, "calls": 5.71,
+              "turns": 4.16},
+    "eval": {"opening": 5221.6, "user_turns": 191.4, "call_tokens": 230.8, "result_tokens": 2182.1, "calls": 5.85,
+             "turns": 4.18},
+}
+ANSWER_TOKENS = 40  # ASSUMPTION: the text answer that ends each user turn (not in the data)
+
+
+def ground_truth_episode(measured: dict) -> Episode:
+    """An episode that plays like the ground truth: its calls one a message, then a text answer each turn."""
+    return Episode(opening=measured["opening"], messages=measured["calls"] + measured["turns"],
+                   model_tokens=measured["call_tokens"] + ANSWER_TOKENS * measured["turns"],
+                   env_tokens=measured["user_turns"] + measured["result_tokens"])
+
+
+def budget_episode(rollout, opening: float) -> Episode:
+    """An episode that spends its whole budget: every model call, every response token, the context filled."""
+    model = rollout.max_response_tokens or rollout.max_model_calls * rollout.max_new_tokens
+    model = min(model, rollout.max_context_tokens - opening)
+    return Episode(opening, rollout.max_model_calls, model, max(0.0, rollout.max_context_tokens - opening - model))
+
+
+class Card(NamedTuple):
+    """A GPU of one card class of docs/gpu.md: its memory, 16-bit dense tensor TFLOP/s and memory TB/s (the
+    vendors' datasheets), and whether ``rollout.backend: vllm`` can play rollouts there (Ampere or newer)."""
+
+    name: str
+    memory_gb: int
+    tflops: float
+    bandwidth: float
+    vllm: bool = True
+
+
+CARDS = (Card("A100 80GB", 80, 312, 2.04), Card("H100 80GB SXM", 80, 989, 3.35), Card("L40S", 48, 362, 0.864),
+         Card("RTX 4090", 24, 165, 1.01), Card("T4", 15, 65, 0.32, vllm=False))
+
+
+class Speed(NamedTuple):
+    """What share of a card's peak each phase reaches: ASSUMPTIONS, none measured on a GPU here."""
+
+    prefill_mfu: float = 0.4  # a batched prefill of thousands of tokens a row: compute-bound
+    update_mfu: float = 0.3  # the update: one trajectory a pass (Unsloth), NF4 weights dequantized, checkpointing
+    bandwidth_share: float = 0.6  # a decode step reads the weights and the rows' KV cache
+    decode_floor_s: float = 0.03  # the least one decode step of a 28-layer model takes in generate (kernel
+    # launches, Python); the one GPU timing on record (ARCHITECTURE.md: Unsloth 7B, 4 x 128 new tokens on an H200,
+    # about 7.5 s a step with its update) bounds it by 0.059 s
+    longest_message: int = 256  # a generate call decodes until its longest message ends (a budget episode: its cap)
+    vllm_decode_floor_s: float = 0.012  # the least one vLLM decode step takes (CUDA graphs, no Python per token)
+
+
+UPDATE_PEAK_GB = 13.7  # the update's peak, 7B at 16k on Unsloth: an estimate of benchmarks/RESULTS.md (issue 6)
+LOGPROB_CHUNK = 1024  # positions whose fp32 logits (and their gradient) Unsloth's loss holds at once
+
+
+def forward_flops(shape, width: float) -> float:
+    """One forward pass over ``width`` tokens without the LM head: 2 FLOPs per weight and token in the projections,
+    and causal attention, 2 x width^2 x heads x head_dim per layer."""
+    return 2 * shape.linear_params() * width + 2 * shape.layers * shape.heads * shape.head_dim * width**2
+
+
+def weight_bytes(shape) -> float:
+    """What a decode step reads besides the cache: the NF4 projections and the 16-bit LM head."""
+    return shape.linear_params() * NF4_BYTES + shape.vocab * shape.hidden * 2
+
+
+def kv_bytes(shape) -> int:
+    """The 16-bit KV cache of one token."""
+    return shape.kv_bytes_per_token(2)
+
+
+def rollout_cost(shape, card: Card, episode: Episode, trajectories: int, rows_cap: int, budget: int | None,
+                 new_tokens: int, decode_steps: int, speed: Speed) -> dict:
+    """Seconds of prefill and decode for ``trajectories`` episodes played in lockstep rounds: each round's model
+    messages in generate calls of at most ``rows_cap`` rows and ``budget`` padded tokens (rows x (width + new
+    tokens), as seal_lite.step.rollout.generation_chunks cuts them); each call reads its rows' whole context again
+    (no cache across calls) and decodes ``decode_steps`` steps."""
+    prefill_tokens = prefill_flops = decode = 0.0
+    for share, width in episode.rounds():
+        active = trajectories * share
+        prefill_tokens += active * width
+        prefill_flops += active * forward_flops(shape, width)
+        rows = min(rows_cap, budget // (width + new_tokens)) if budget else rows_cap
+        rows = max(1, min(rows, math.ceil(active)))
+        step = max(speed.decode_floor_s, (weight_bytes(shape) + rows * (width + decode_steps / 2) * kv_bytes(shape))
+                   / (card.bandwidth * 1e12 * speed.bandwidth_share))
+        decode += math.ceil(active / rows) * decode_steps * step
+    return {"prefill_tokens": prefill_tokens, "prefill": prefill_flops / (card.tflops * 1e12 * speed.prefill_mfu),
+            "decode": decode}
+
+
+def vllm_rollout_cost(shape, card: Card, episode: Episode, trajectories: int, group_size: int, cache_tokens: int,
+                      speed: Speed) -> dict:
+    """Seconds of prefill and decode for ``trajectories`` episodes on vLLM (seal_lite/engines/vllm_rollouts.py):
+    prefix caching reads each task's opening once for its group and then only what the environment appends (an
+    episode's own messages are in its cache already), each appended token attending to the episode's mean width;
+    continuous batching decodes as many episodes at once as the KV cache holds at their full length, and no
+    episode waits for another's message."""
+    tasks = trajectories / group_size
+    mean_width = episode.opening + (episode.model_tokens + episode.env_tokens) / 2
+    attention = 4 * shape.layers * shape.heads * shape.head_dim  # FLOPs per token and per token it attends to
+    prefill_flops = (tasks * forward_flops(shape, episode.opening)
+                     + trajectories * episode.env_tokens * (2 * shape.linear_params() + attention * mean_width))
+    rows = max(1, min(trajectories, math.floor(cache_tokens / episode.length())))
+    step = max(speed.vllm_decode_floor_s, (weight_bytes(shape) + rows * mean_width * kv_bytes(shape))
+               / (card.bandwidth * 1e12 * speed.bandwidth_share))
+    return {"prefill_tokens": tasks * episode.opening + trajectories * episode.env_tokens,
+            "prefill": prefill_flops / (card.tflops * 1e12 * speed.prefill_mfu),
+            "decode": trajectories * episode.model_tokens / rows * step, "rows": rows}
+
+
+def card_vllm(recipe, shape, card: Card) -> tuple[float, int]:
+    """(rollout.vllm_memory, KV cache tokens) on ``card``: the largest share that leaves the trainer its resident
+    memory and 10% of the card during rollouts (vLLM sleeps during the update), by the memory model."""
+    share = vllm_share(shape, card.memory_gb * GIB, 2, True, recipe.policy.lora_r)
+    return share, vllm_cache_tokens(shape, card.memory_gb * GIB, share, 2, True, recipe.policy.lora_r)
+
+
+def update_cost(shape, card: Card, episode: Episode, trajectories: int, context: int, passes: int,
+                speed: Speed, recompute: int = 1) -> dict:
+    """Seconds of the update over ``trajectories`` whole trajectories (at most ``context`` tokens): ``passes``
+    forward-sized passes over each (``update_passes``), and the LM head's logits over the completion in every pass
+    but the ``recompute`` passes of the checkpointed layers."""
+    length = min(episode.length(), context)
+    head = 2 * shape.vocab * shape.hidden * (length - episode.opening) * (passes - recompute)
+    flops = trajectories * (passes * forward_flops(shape, length) + head)
+    return {"trained_tokens": trajectories * length, "update": flops / (card.tflops * 1e12 * speed.update_mfu)}
+
+
+def update_passes(recipe) -> int:
+    """Forward-sized passes of the update over each trained token. In each PPO epoch (grpo.num_iterations): the
+    forward, the backward (input gradients only, the frozen weights need none of their own: as much as a forward)
+    and, with gradient checkpointing, the recompute (``recompute_passes``). Once a step: the reference's forward
+    when beta > 0, and TRL's pass without gradient that scores the old log-probs, which trl 1.14.2 runs when
+    gradient_accumulation_steps is no multiple of steps_per_generation x num_iterations (grpo_trainer.py:2704),
+    that is when a step's rollouts serve more than one optimizer step (grpo.mini_batches or num_iterations > 1)."""
+    grpo = recipe.grpo
+    old_logprobs = grpo.mini_batches * grpo.num_iterations > 1
+    return grpo.num_iterations * 2 + recompute_passes(recipe) + (grpo.beta > 0) + old_logprobs
+
+
+def recompute_passes(recipe) -> int:
+    """The update's passes that recompute checkpointed layers (no logits): one per PPO epoch, with checkpointing."""
+    return recipe.grpo.num_iterations * bool(recipe.policy.gradient_checkpointing)
+
+
+def card_budget(recipe, shape, card: Card) -> int:
+    """Padded tokens one generate call may hold on ``card`` by the memory model (the smaller engine's, at the
+    recipe's own new tokens a message), never more than the recipe's own budget."""
+    rollout = recipe.rollout
+    fits = min(rollout_token_budget(shape, card.memory_gb * GIB, rollout.max_context_tokens, rollout.max_new_tokens, 2, engine,
+                                    quantized=True, lora_rank=recipe.policy.lora_r)
+               for engine in ("unsloth", "peft"))
+    return min(fits, rollout.generation_token_budget or fits)
+
+
+def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_steps: int,
+             engine: str = "generate") -> dict:
+    """One training run: per step, tasks x G episodes rolled out (``engine``: generate or vllm) and the update over
+    them; all its steps."""
+    trajectories = recipe.grpo.tasks_per_step * recipe.rollout.num_generations
+    budget = card_budget(recipe, shape, card)
+    if engine == "vllm":
+        rollout = vllm_rollout_cost(shape, card, episode, trajectories, recipe.rollout.num_generations,
+                                    card_vllm(recipe, shape, card)[1], speed)
+    else:
+        rollout = rollout_cost(shape, card, episode, trajectories, recipe.generation_batch(), budget,
+                               recipe.rollout.max_new_tokens, decode_steps, speed)
+    update = update_cost(shape, card, episode, trajectories, recipe.rollout.max_context_tokens,
+                         update_passes(recipe), speed, recompute_passes(recipe))
+    step = {**rollout, **update, "generated_tokens": trajectories * episode.model_tokens}
+    step.pop("rows", None)
+    steps = recipe.grpo.steps
+    return {"steps": steps, "trajectories": steps * trajectories, "budget": budget,
+            **{key: steps * value for key, value in step.items()},
+            "hours": steps * (rollout["prefill"] + rollout["decode"] + update["update"]) / 3600}
+
+
+def evaluation_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_steps: int,
+                    tasks: int = 400, engine: str = "generate") -> dict:
+    """One model's greedy evaluation: ``tasks`` episodes, batched as the recipe batches them, no update."""
+    if engine == "vllm":  # one episode a task; tasks share no prefix in this estimate
+        cost = vllm_rollout_cost(shape, card, episode, tasks, 1, card_vllm(recipe, shape, card)[1], speed)
+    else:
+        cost = rollout_cost(shape, card, episode, tasks, recipe.generation_batch(), card_budget(recipe, shape, card),
+                            recipe.rollout.max_new_tokens, decode_steps, speed)
+    return {**cost, "hours": (cost["prefill"] + cost["decode"]) / 3600}
+
+
+# ---- one recipe on one card: what `seal-lite recipe RECIPE --card NAME` prints ------------------------------------
+
+def card_key(card: Card) -> str:
+    """The name ``--card`` takes: the card's name in lower case, words joined by hyphens (``rtx-4090``)."""
+    return card.name.lower().replace(" ", "-")
+
+
+def update_peak_bytes(shape: Shape, width: int, dtype_bytes: int, lora_rank: int) -> int:
+    """An ESTIMATE (no GPU has measured it; the memory model does not cover the update) of the update's peak for
+    one trajectory of ``width`` tokens a pass on Unsloth (4-bit QLoRA, gradient checkpointing, log-probs in chunks):
+    the resident part and the CUDA context, each layer's checkpointed input, one layer recomputed (its MLP's three
+    intermediates and four hidden-sized tensors), and one chunk's fp32 logits with their gradient
+    (benchmarks/gpu_memory.py ``estimate``, benchmarks/RESULTS.md's table: 13.7 GB for 7B at 16k, with the CUDA
+    context there taken as 0.8 GB)."""
+    checkpointed = shape.layers * width * shape.hidden * dtype_bytes
+    recomputed = width * (3 * shape.intermediate + 4 * shape.hidden) * dtype_bytes
+    logits = LOGPROB_CHUNK * shape.vocab * 4 * 2
+    return int(resident_bytes(shape, dtype_bytes, True, lora_rank) + CUDA_CONTEXT + checkpointed + recomputed + logits)
+
+
+def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
+    """``recipe`` on ``card``: its rollouts' widest generate call by the memory model (rows of the full context at
+    the recipe's token budget) against the card with 10% left free, the budget that fits (``rollout_token_budget``),
+    the update's estimated peak, and the hours of a step and of the run for episodes like the ground truth's
+    (measured on the BFCL data under the official view) and for episodes that spend the whole budget. The engine
+    is the policy backend's; ``auto`` counts both GPU backends (Unsloth where it is installed, else bitsandbytes and
+    peft), so what it finds fits either."""
+    rollout, backend = recipe.rollout, recipe.policy.backend
+    engines = {"unsloth": ["unsloth"], "auto": ["unsloth", "peft"]}.get(backend, ["peft"])
+    quantized, card_bytes = backend != "peft", card.memory_gb * GIB
+    fits = min(rollout_token_budget(shape, card_bytes, rollout.max_context_tokens, rollout.max_new_tokens, 2, engine,
+                                    quantized=quantized, lora_rank=recipe.policy.lora_r) for engine in engines)
+    budget = rollout.generation_token_budget or recipe.generation_batch() * rollout.max_context_tokens
+    rows = max(1, min(recipe.generation_batch(), budget // rollout.max_context_tokens))
+    resident = resident_bytes(shape, 2, quantized, recipe.policy.lora_r) + CUDA_CONTEXT
+    call = resident + max(generate_peak(shape, rows, rollout.max_context_tokens - rollout.max_new_tokens,
+                                        rollout.max_new_tokens, 2, engine) for engine in engines)
+    update = update_peak_bytes(shape, rollout.max_context_tokens, 2, recipe.policy.lora_r)
+    vllm = rollout.backend == "vllm" and card.vllm
+    steps = recipe.grpo.steps
+    hours = {}
+    for case, episode, decode_steps in (
+            ("like the ground truth", ground_truth_episode(MEASURED_EPISODES["train"]),
+             min(speed.longest_message, rollout.max_new_tokens)),
+            ("whole budget", budget_episode(rollout, MEASURED_EPISODES["train"]["opening"]), rollout.max_new_tokens)):
+        run = run_cost(recipe, shape, card, episode, speed, decode_steps, "vllm" if vllm else "generate")
+        hours[case] = {"step": run["hours"] / steps, "run": run["hours"],
+                       "update_share": run["update"] / (run["prefill"] + run["decode"] + run["update"])}
+    return {"card": card, "engines": engines, "rows": rows, "budget": budget, "fitting_budget": fits,
+            "call_gb": call / GIB, "update_gb": update / GIB, "card_gb": card.memory_gb,
+            "call_fits": call <= 0.9 * card_bytes, "update_fits": update <= 0.9 * card_bytes,
+            "rollouts": "vllm" if vllm else "generate", "hours": hours}
+
