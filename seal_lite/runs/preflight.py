@@ -184,7 +184,8 @@ def policy_problems(policy) -> list[Problem]:
         problems.append(("policy.model", policy.model, problem))
     if policy.backend == "unsloth" and not _installed("unsloth"):
         problems.append(("policy.backend", "unsloth", "Unsloth is not installed (it needs an NVIDIA GPU); "
-                         "pip install -e '.[gpu]' on a GPU machine, or use auto or peft"))
+                         "pip install -e '.[gpu]' on a GPU machine, or use auto or peft (`seal-lite recipe RECIPE "
+                         "--card t4` plans it for a card class from here)"))
     elif policy.backend == "unsloth" and not _cuda_available():
         problems.append(("policy.backend", "unsloth", "Unsloth needs an NVIDIA GPU and torch sees none; use auto, "
                          "peft-4bit or peft"))
@@ -194,7 +195,8 @@ def policy_problems(policy) -> list[Problem]:
     if policy.device == "gpu" and policy.backend != "unsloth" and not _cuda_available():
         problems.append(("policy.device", "gpu", "this recipe needs an NVIDIA GPU and torch sees none (`seal-lite "
                          "doctor` says why: no GPU, or a torch build the driver cannot run); run it on a GPU machine, "
-                         "or --set policy.device=auto to train on the CPU anyway"))
+                         "or --set policy.device=auto to train on the CPU anyway (`seal-lite recipe RECIPE --card "
+                         "rtx-4090` plans it for a card class from here)"))
     if policy.backend == "peft-4bit" and not _installed("bitsandbytes"):
         problems.append(("policy.backend", "peft-4bit", "4-bit loading needs bitsandbytes, which is not installed; "
                          "pip install -e '.[gpu]', or use auto or peft"))

@@ -216,6 +216,7 @@ def test_a_gpu_recipe_without_a_gpu_is_refused_before_anything_is_written(tmp_pa
     else:
         assert "policy.device" in result.output and "needs an NVIDIA GPU and torch sees none" in result.output
         assert "--set policy.device=auto" in result.output
+    assert "--card" in result.output  # and how to plan it for a card from this machine
     assert not (tmp_path / "r").exists()
 
 
