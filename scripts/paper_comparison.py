@@ -64,7 +64,6 @@ from seal_lite.core.plan import (  # noqa: E402
     ANSWER_TOKENS,
     CARDS,
     MEASURED_EPISODES,
-    UPDATE_PEAK_GB,
     Speed,
     budget_episode,
     card_budget,
@@ -74,6 +73,7 @@ from seal_lite.core.plan import (  # noqa: E402
     ground_truth_episode,
     run_cost,
     update_passes,
+    update_peak_bytes,
 )
 
 # ---- the power of the test over seeds --------------------------------------------------------------------------
@@ -185,10 +185,14 @@ def print_design(design: dict) -> None:
 
 
 def print_cost(design: dict) -> None:
+    from seal_lite.core.memory import GIB, KNOWN_SHAPES
+
     recipe, seeds, speed = design["recipe"], design["seeds"], design["speed"]
+    update_gb = update_peak_bytes(KNOWN_SHAPES[recipe.policy.model], recipe.rollout.max_context_tokens, 2,
+                                  recipe.policy.lora_r) / GIB
     print("\nESTIMATED GPU hours (no GPU has run these steps; the speeds below are assumptions). Per card, the "
           "memory model (seal_lite/core/memory.py) sizes each generate call: padded tokens a call, rows of the full "
-          f"context; the update's estimated peak is {UPDATE_PEAK_GB} GB (benchmarks/RESULTS.md).")
+          f"context; the update's estimated peak is {update_gb:.1f} GB (seal_lite/core/plan.py, update_peak_bytes).")
     print("| card | tokens per call (rows of 16k) | run: prefill + decode + update, h | evaluation, h "
           f"| total, {2 * seeds} runs + {2 * seeds + 1} evaluations, h | whole-budget bound, total h |")
     print("|---|---|---|---|---|---|")
@@ -198,7 +202,7 @@ def print_cost(design: dict) -> None:
         parts = " + ".join(f"{run[key] / 3600:.1f}" for key in ("prefill", "decode", "update"))
         setting = "" if row["budget"] == recipe.rollout.generation_token_budget else \
             f" (--set rollout.generation_token_budget={row['budget']})"
-        fits = "" if UPDATE_PEAK_GB < 0.9 * card.memory_gb else ", update tight"
+        fits = "" if update_gb < 0.9 * card.memory_gb else ", update tight"
         print(f"| {card.name} ({card.memory_gb} GB{fits}) | {row['budget']:,} ({row['rows']}){setting} | "
               f"{parts} = {run['hours']:.0f} | {expected['evaluation']['hours']:.1f} | {expected['total']:,.0f} | "
               f"{bound['total']:,.0f} |")

@@ -100,7 +100,6 @@ class Speed(NamedTuple):
     vllm_decode_floor_s: float = 0.012  # the least one vLLM decode step takes (CUDA graphs, no Python per token)
 
 
-UPDATE_PEAK_GB = 13.7  # the update's peak, 7B at 16k on Unsloth: an estimate of benchmarks/RESULTS.md (issue 6)
 LOGPROB_CHUNK = 1024  # positions whose fp32 logits (and their gradient) Unsloth's loss holds at once
 
 
@@ -250,8 +249,8 @@ def update_peak_bytes(shape: Shape, width: int, dtype_bytes: int, lora_rank: int
     one trajectory of ``width`` tokens a pass on Unsloth (4-bit QLoRA, gradient checkpointing, log-probs in chunks):
     the resident part and the CUDA context, each layer's checkpointed input, one layer recomputed (its MLP's three
     intermediates and four hidden-sized tensors), and one chunk's fp32 logits with their gradient
-    (benchmarks/gpu_memory.py ``estimate``, benchmarks/RESULTS.md's table: 13.7 GB for 7B at 16k, with the CUDA
-    context there taken as 0.8 GB)."""
+    (benchmarks/gpu_memory.py ``estimate``'s training terms; with its CUDA context of 0.8 GB rather than 0.6, its
+    13.0 GB for 7B at 16k, where this gives 12.8)."""
     checkpointed = shape.layers * width * shape.hidden * dtype_bytes
     recomputed = width * (3 * shape.intermediate + 4 * shape.hidden) * dtype_bytes
     logits = LOGPROB_CHUNK * shape.vocab * 4 * 2
