@@ -286,7 +286,7 @@ def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
         hours[case] = {"step": run["hours"] / steps, "run": run["hours"],
                        "update_share": run["update"] / (run["prefill"] + run["decode"] + run["update"])}
     return {"card": card, "engines": engines, "rows": rows, "budget": budget, "fitting_budget": fits,
-            "call_gb": call / GIB, "update_gb": update / GIB, "card_gb": card.memory_gb,
+            "call_gb": call / GIB, "update_gb": update / GIB,
             "call_fits": call <= 0.9 * card_bytes, "update_fits": update <= 0.9 * card_bytes,
             "rollouts": "vllm" if vllm else "generate", "hours": hours}
 
