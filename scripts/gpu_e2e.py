@@ -88,6 +88,9 @@ def run_resume(ctx: Context, result: dict) -> bool:
     output = second.stdout + second.stderr
     result["resume_output"] = tail(output)
     result["exit_code"] = second.returncode
+    if not (run_dir / "seal.db").exists():
+        result["error"] = "the run left no store: first_output and resume_output say why"
+        return False
     store = read_store(run_dir / "seal.db")
     log = (run_dir / "run.log").read_text(errors="replace") if (run_dir / "run.log").exists() else ""
     moved = [step for step, metrics in store["metrics"].items()
