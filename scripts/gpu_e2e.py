@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -119,11 +120,11 @@ def eval_base(ctx: Context, result: dict) -> bool:
     done = subprocess.run([sys.executable, "-m", "seal_lite", "eval", str(run_dir), "--base", "--tasks", "1"],
                           capture_output=True, text=True, cwd=ROOT)
     result |= {"exit_code": done.returncode, "output": tail(done.stdout + done.stderr)}
-    with contextlib.closing(sqlite3.connect(run_dir / "seal.db")) as db:
-        rows = db.execute("SELECT model, COUNT(*) FROM evaluations GROUP BY model").fetchall() \
-            if done.returncode == 0 else []
-    result["evaluations"] = dict(rows)
-    return done.returncode == 0 and len(rows) == 2 and all(count == 4 for _, count in rows)  # 1 task x 4 categories
+    from seal_lite.engines.store import Store
+
+    stored = Store.open_readonly(run_dir / "seal.db").evaluations() if done.returncode == 0 else []
+    result["evaluations"] = counts = dict(Counter(row["model"] for row in stored))
+    return done.returncode == 0 and len(counts) == 2 and all(count == 4 for count in counts.values())  # 1 x 4 categories
 
 
 def engine_logprobs(ctx: Context, result: dict) -> bool:
@@ -417,14 +418,14 @@ def kill_after_checkpoint(process: subprocess.Popen, db_path: Path) -> int | Non
 
 
 def read_store(db_path: Path) -> dict:
-    with contextlib.closing(sqlite3.connect(db_path)) as db:
-        metrics: dict[int, dict] = {}
-        for step, name, value in db.execute("SELECT step, name, value FROM metrics"):
-            metrics.setdefault(step, {})[name] = value
-        return {"steps": [row[0] for row in db.execute("SELECT step FROM steps ORDER BY step")],
-                "status": db.execute("SELECT status FROM runs").fetchone()[0],
-                "checkpoints": db.execute("SELECT step FROM checkpoints").fetchall(), "metrics": metrics,
-                "diagnoses": db.execute("SELECT COUNT(*) FROM diagnoses WHERE status = 'ok'").fetchone()[0]}
+    """What run_resume checks in the run's store, read through seal-lite's own ``Store``."""
+    from seal_lite.engines.store import Store
+
+    store = Store.open_readonly(db_path)
+    steps = [row["step"] for row in store.steps()]
+    return {"steps": steps, "status": store.run()["status"], "checkpoints": store.checkpoints(),
+            "metrics": {step: store.step_metrics(step) for step in steps},
+            "diagnoses": store.db["diagnoses"].count_where("status = 'ok'")}
 
 
 @contextlib.contextmanager

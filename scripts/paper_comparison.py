@@ -63,14 +63,12 @@ SMOKE = ["policy.model=smollm2-135m", "policy.device=auto", "policy.gradient_che
 from seal_lite.core.plan import (  # noqa: E402
     ANSWER_TOKENS,
     CARDS,
-    MEASURED_EPISODES,
     Speed,
-    budget_episode,
     card_budget,
     card_vllm,
+    episode_cases,
     evaluation_cost,
     forward_flops,
-    ground_truth_episode,
     run_cost,
     update_passes,
     update_peak_bytes,
@@ -122,18 +120,14 @@ def plan(seeds: int, overrides: list[str], speed: Speed = Speed()) -> dict:
     """The design and its cost: per card, a run's and an evaluation's hours for episodes like the ground truth's
     and for episodes that spend their whole budget, and the total of 2 arms x ``seeds`` runs and 2 x ``seeds`` + 1
     evaluations (the base model's too)."""
-    from seal_lite.core.memory import KNOWN_SHAPES
+    from seal_lite.core.memory import GIB, KNOWN_SHAPES
 
     recipe = load("seal", overrides)
     if recipe.policy.model not in KNOWN_SHAPES:
         raise SystemExit(f"--plan knows the shapes of {', '.join(KNOWN_SHAPES)}, not {recipe.policy.model!r}")
     shape = KNOWN_SHAPES[recipe.policy.model]
-    episodes = {"like the ground truth": (ground_truth_episode(MEASURED_EPISODES["train"]),
-                                          ground_truth_episode(MEASURED_EPISODES["eval"]),
-                                          min(speed.longest_message, recipe.rollout.max_new_tokens)),
-                "whole budget": (budget_episode(recipe.rollout, MEASURED_EPISODES["train"]["opening"]),
-                                 budget_episode(recipe.rollout, MEASURED_EPISODES["eval"]["opening"]),
-                                 recipe.rollout.max_new_tokens)}
+    train, held_out = (episode_cases(recipe.rollout, speed, split) for split in ("train", "eval"))
+    episodes = {case: (episode, held_out[case][0], decode_steps) for case, (episode, decode_steps) in train.items()}
     cards = []
     for card in CARDS:
         budget = card_budget(recipe, shape, card)
@@ -148,8 +142,9 @@ def plan(seeds: int, overrides: list[str], speed: Speed = Speed()) -> dict:
                 row["cases"][key] = {"run": run, "evaluation": evaluated,
                                      "total": 2 * seeds * run["hours"] + (2 * seeds + 1) * evaluated["hours"]}
         cards.append(row)
+    update_gb = update_peak_bytes(shape, recipe.rollout.max_context_tokens, 2, recipe.policy.lora_r) / GIB
     return {"recipe": recipe, "seeds": seeds, "episodes": {case: value[0] for case, value in episodes.items()},
-            "cards": cards, "power": power_table(seeds), "speed": speed}
+            "cards": cards, "update_gb": update_gb, "power": power_table(seeds), "speed": speed}
 
 
 def print_plan(design: dict) -> None:
@@ -185,11 +180,7 @@ def print_design(design: dict) -> None:
 
 
 def print_cost(design: dict) -> None:
-    from seal_lite.core.memory import GIB, KNOWN_SHAPES
-
-    recipe, seeds, speed = design["recipe"], design["seeds"], design["speed"]
-    update_gb = update_peak_bytes(KNOWN_SHAPES[recipe.policy.model], recipe.rollout.max_context_tokens, 2,
-                                  recipe.policy.lora_r) / GIB
+    recipe, seeds, speed, update_gb = design["recipe"], design["seeds"], design["speed"], design["update_gb"]
     print("\nESTIMATED GPU hours (no GPU has run these steps; the speeds below are assumptions). Per card, the "
           "memory model (seal_lite/core/memory.py) sizes each generate call: padded tokens a call, rows of the full "
           f"context; the update's estimated peak is {update_gb:.1f} GB (seal_lite/core/plan.py, update_peak_bytes).")

@@ -72,6 +72,16 @@ def budget_episode(rollout, opening: float) -> Episode:
     return Episode(opening, rollout.max_model_calls, model, max(0.0, rollout.max_context_tokens - opening - model))
 
 
+def episode_cases(rollout, speed: Speed, split: str = "train") -> dict[str, tuple[Episode, int]]:
+    """The two sizes of episode a plan prices, each with the decode steps of one generate call: like the ground
+    truth's on ``split`` (a call decodes its longest message, ``speed.longest_message``), and spending the whole
+    budget (every message its ``max_new_tokens``)."""
+    measured = MEASURED_EPISODES[split]
+    return {"like the ground truth": (ground_truth_episode(measured),
+                                      min(speed.longest_message, rollout.max_new_tokens)),
+            "whole budget": (budget_episode(rollout, measured["opening"]), rollout.max_new_tokens)}
+
+
 class Card(NamedTuple):
     """A GPU of one card class of docs/gpu.md: its memory, 16-bit dense tensor TFLOP/s and memory TB/s (the
     vendors' datasheets), and whether ``rollout.backend: vllm`` can play rollouts there (Ampere or newer)."""
@@ -278,10 +288,7 @@ def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
     vllm = rollout.backend == "vllm" and card.vllm
     steps = recipe.grpo.steps
     hours = {}
-    for case, episode, decode_steps in (
-            ("like the ground truth", ground_truth_episode(MEASURED_EPISODES["train"]),
-             min(speed.longest_message, rollout.max_new_tokens)),
-            ("whole budget", budget_episode(rollout, MEASURED_EPISODES["train"]["opening"]), rollout.max_new_tokens)):
+    for case, (episode, decode_steps) in episode_cases(rollout, speed).items():
         run = run_cost(recipe, shape, card, episode, speed, decode_steps, "vllm" if vllm else "generate")
         hours[case] = {"step": run["hours"] / steps, "run": run["hours"],
                        "update_share": run["update"] / (run["prefill"] + run["decode"] + run["update"])}
