@@ -102,8 +102,11 @@ def _card(name: str):
     """The card class ``name`` names, or for ``here`` the one whose name the GPU torch sees carries."""
     from seal_lite.core import plan
 
+    named = {plan.card_key(card): card for card in plan.CARDS}
     if name != "here":
-        return next(card for card in plan.CARDS if plan.card_key(card) == name)
+        if name not in named:
+            raise ConfigError(f"--card {name!r}: plans know {', '.join(named)} and here (the GPU torch sees)")
+        return named[name]
     import torch
 
     if not torch.cuda.is_available():
@@ -114,7 +117,7 @@ def _card(name: str):
         if model in device:
             return card
     raise ConfigError(f"--card here: {torch.cuda.get_device_name()} is none of the card classes a plan knows; name "
-                      f"the closest: {', '.join(plan.card_key(card) for card in plan.CARDS)}")
+                      f"the closest: {', '.join(named)}")
 
 
 def launched_processes() -> int:
