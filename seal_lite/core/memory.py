@@ -167,3 +167,28 @@ def vllm_share(shape: Shape, card_bytes: float, dtype_bytes: int, quantized: boo
     weights go to host memory, so the update has the card as without vLLM)."""
     trainer = resident_bytes(shape, dtype_bytes, quantized, lora_rank) + CUDA_CONTEXT
     return max(0.0, 1 - headroom - trainer / card_bytes)
+
+
+def paged_bytes(shape: Shape, pool_tokens: int, batch_tokens: int, dtype_bytes: int) -> dict:
+    """The peak of transformers' continuous batching on paged|sdpa (``rollout.backend: paged``), by term (bytes): a
+    KV pool of ``pool_tokens`` and one forward pass of ``batch_tokens`` queries through peft's LoRA layers. Its
+    scheduler lets a pass read at most the whole pool, and torch's SDPA then attends every query to every key read
+    (transformers/integrations/sdpa_paged.py): the keys and values read are gathered out of the pool, repeated to
+    every attention head, and masked by a ``batch_tokens`` x keys mask in the compute dtype (flash attention needs
+    neither: this is the bound for cards without it, the T4 included). The logits are the last position's of
+    each row, at most one per query."""
+    pool = pool_tokens * shape.kv_bytes_per_token(dtype_bytes)
+    per_key = 2 * (shape.kv_heads + shape.heads) * shape.head_dim * dtype_bytes  # gathered, then repeated
+    terms = generate_bytes(shape, 1, batch_tokens, 0, dtype_bytes, "peft")
+    return {"kv_cache": pool, "mask": batch_tokens * pool_tokens * dtype_bytes, "keys": pool_tokens * per_key,
+            "hidden": terms["hidden"], "mlp": terms["mlp"], "logits": batch_tokens * shape.vocab * 4}
+
+
+def paged_pool_tokens(shape: Shape, free_bytes: float, batch_tokens: int, dtype_bytes: int,
+                      headroom: float = 0.1) -> int:
+    """The largest KV pool, in tokens, whose ``paged_bytes`` peak fits ``free_bytes`` (what the card has once the
+    policy is loaded) with ``headroom`` of it left free. 0: not even the forward pass fits."""
+    usable = free_bytes * (1 - headroom)
+    fixed = sum(paged_bytes(shape, 0, batch_tokens, dtype_bytes).values())
+    per_token = sum(paged_bytes(shape, 1, batch_tokens, dtype_bytes).values()) - fixed
+    return max(0, math.floor((usable - fixed) / per_token))

@@ -135,13 +135,15 @@ class RolloutConfig(Section):
         4096, ge=256, description="Stop the episode before the context exceeds this (paper: 16384; the official tool "
         "block alone is 3-5k tokens).",
     )
-    backend: Literal["auto", "transformers", "llamacpp", "vllm"] = Field(
+    backend: Literal["auto", "transformers", "paged", "llamacpp", "vllm"] = Field(
         "auto",
-        description="Who generates rollouts: transformers (the trained model itself), llamacpp (the policy's "
-        "GGUF plus its current LoRA, exported after every update; faster on a CPU, needs a registry model or "
-        ".gguf) or vllm (vLLM in the training process, continuous batching and prefix caching, the LoRA handed "
-        "over after every update; one process; pip install -e '.[vllm]'). auto: transformers on a GPU (vLLM only "
-        "when named, until a GPU has run it); without one, llamacpp when the model is a GGUF, else transformers.",
+        description="Who generates rollouts: transformers (the trained model itself, generate in rounds), paged "
+        "(the trained model itself through transformers' continuous batching: each group's opening read once, "
+        "every episode on its own; peft and peft-4bit policies, not unsloth), llamacpp (the policy's GGUF plus "
+        "its current LoRA, exported after every update; needs a registry model or .gguf) or vllm (vLLM in the "
+        "training process, the LoRA handed over after every update; one process; pip install -e '.[vllm]'). "
+        "auto: transformers on a GPU (paged and vLLM only when named, until a GPU has measured them); without "
+        "one, llamacpp when the model is a GGUF, else paged (docs/rollouts.md has the measurements).",
     )
     vllm_memory: float = Field(
         0.3, gt=0.0, lt=1.0, description="vllm on a GPU: the share of the card's memory the engine takes when it "
@@ -159,14 +161,14 @@ class RolloutConfig(Section):
         "the memory model (seal_lite/core/memory.py, docs/gpu.md), so a call fits the card; at least max_context_tokens.",
     )
     cache_tokens: int | None = Field(
-        None, ge=1024, description="llamacpp and vllm: tokens of the KV cache, allocated up front (memory is this x "
-        "the model's KV bytes per token). llamacpp: a stream of max_context_tokens per sequence, cache_tokens // "
-        "max_context_tokens of them (None: generation_batch_size + 2). vllm: all sequences share it, each prefix "
-        "held once (None: 4 x max_context_tokens; on a GPU vLLM fills its vllm_memory share instead). Sequences "
-        "that do not fit wait for room.",
+        None, ge=1024, description="llamacpp, paged and vllm: tokens of the KV cache, allocated up front (memory is "
+        "this x the model's KV bytes per token). llamacpp: a stream of max_context_tokens per sequence, "
+        "cache_tokens // max_context_tokens of them (None: generation_batch_size + 2). paged and vllm: all "
+        "sequences share it, each prefix held once (None: 4 x max_context_tokens; on a GPU paged fills what the "
+        "memory model leaves free, vLLM its vllm_memory share). Sequences that do not fit wait for room.",
     )
     max_logprob_gap: float = Field(
-        1.0, gt=0.0, description="llamacpp and vllm: a generated token whose log-probability under the rollout "
+        1.0, gt=0.0, description="llamacpp, paged and vllm: a generated token whose log-probability under the rollout "
         "engine and under the trained model differ by more than this carries no loss (the two engines disagree on "
         "it).",
     )

@@ -1,6 +1,7 @@
 """The rollout engine a recipe asks for, and how it gets the current policy before each step.
 
-transformers generates with the very model TRL trains (seal_lite/engines/transformers_generate.py); llama.cpp
+transformers generates with the very model TRL trains, in rounds (seal_lite/engines/transformers_generate.py) or
+continuously on paged attention (seal_lite/engines/paged_rollouts.py); llama.cpp
 serves the policy's GGUF plus a LoRA GGUF exported from the trained adapter (seal_lite/engines/llamacpp.py,
 seal_lite/engines/gguf_lora.py); vLLM serves the base model plus the trained adapter as saved by peft
 (seal_lite/engines/vllm_rollouts.py). Training, evaluation and τ²-bench all get their engine here.
@@ -22,9 +23,10 @@ def rollout_backend(recipe: Recipe) -> str:
 
 
 def rollout_choice(recipe: Recipe, gpu: bool | None = None) -> tuple[str, str]:
-    """(backend, why) for ``rollout.backend``; ``gpu``: whether torch sees a GPU (None: ask torch). auto: transformers
-    generate on a GPU; without one, llama.cpp when the policy comes from a GGUF, else transformers. auto never picks
-    vLLM, which no GPU has run yet: it runs only when named (docs/rollouts.md)."""
+    """(backend, why) for ``rollout.backend``; ``gpu``: whether torch sees a GPU (None: ask torch). auto picks the
+    engine measured faster where it runs (docs/rollouts.md): without a GPU, llama.cpp when the policy comes from a
+    GGUF, else paged (2.1x generate's speed on the same episodes: benchmarks/rollout_engines.py); on a GPU,
+    transformers generate, until a GPU has measured paged and vLLM against it (they run when named)."""
     if recipe.rollout.backend != "auto":
         return recipe.rollout.backend, "rollout.backend"
     if gpu is None:
@@ -32,13 +34,13 @@ def rollout_choice(recipe: Recipe, gpu: bool | None = None) -> tuple[str, str]:
 
         gpu = torch.cuda.is_available()
     if gpu:
-        return "transformers", ("a GPU: token-budgeted generate; vLLM runs only when named, rollout.backend: vllm, "
-                                "until a GPU has run it")
+        return "transformers", ("a GPU: token-budgeted generate; paged and vLLM run only when named (rollout.backend "
+                                "paged or vllm) until a GPU has measured them")
     from seal_lite.engines.model_sources import REGISTRY
 
     if recipe.policy.model in REGISTRY or recipe.policy.model.endswith(".gguf"):
         return "llamacpp", "no GPU, and the policy is a GGUF"
-    return "transformers", "no GPU, and the policy is no GGUF"
+    return "paged", "no GPU, and the policy is no GGUF: transformers' continuous batching"
 
 
 @contextlib.contextmanager
@@ -54,6 +56,13 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
         from seal_lite.engines.transformers_generate import TransformersGenerator
 
         yield TransformersGenerator(model, tokenizer, mode), lambda step: None
+        return
+    if backend == "paged":
+        from seal_lite.engines.paged_rollouts import PagedGenerator
+
+        generator = PagedGenerator(model, tokenizer, cache_tokens=paged_cache_tokens(recipe, model), seed=recipe.seed,
+                                   mode=mode)
+        yield generator, lambda step: generator.reseed(recipe.seed, step)  # it plays with the trained model itself
         return
     if backend == "vllm":
         with _vllm_engine(recipe, model, tokenizer, out_dir) as engine:
@@ -106,3 +115,21 @@ def _vllm_engine(recipe: Recipe, model, tokenizer, out_dir: Path):
         yield generator, sync
     finally:
         generator.close()
+
+
+def paged_cache_tokens(recipe: Recipe, model) -> int:
+    """The paged engine's KV pool, in tokens: ``rollout.cache_tokens``; else, on a GPU, what the memory model lets
+    fit in the memory free once the policy is loaded (``paged_pool_tokens``), else 4 x the context. Never less
+    than one context and one prefill pass, so that any sequence fits."""
+    import torch
+
+    from seal_lite.core.memory import Shape, paged_pool_tokens
+    from seal_lite.engines.paged_rollouts import PREFILL_TOKENS
+
+    rollout = recipe.rollout
+    tokens = rollout.cache_tokens or 4 * rollout.max_context_tokens
+    if rollout.cache_tokens is None and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        dtype_bytes = torch.finfo(model.dtype).bits // 8
+        tokens = paged_pool_tokens(Shape.from_config(model.config), free, PREFILL_TOKENS, dtype_bytes)
+    return max(tokens, rollout.max_context_tokens + PREFILL_TOKENS)

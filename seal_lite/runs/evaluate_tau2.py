@@ -255,7 +255,7 @@ def _agents(recipe, target: str, user_model: str | None) -> _Agents:
 
     policy_spec = recipe.policy.model if recipe is not None else target
     engine = "url" if recipe is None else rollout_backend(recipe)
-    if engine == "vllm":  # τ²'s chat turns on a GPU: the trained model itself, as with transformers
+    if engine in ("vllm", "paged"):  # τ²'s chat turns: the trained model itself, as with transformers
         engine = "transformers"
     if engine != "transformers":
         try:

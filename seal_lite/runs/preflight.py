@@ -281,7 +281,19 @@ def recipe_problems(recipe) -> list[Problem]:
                          "pip install 'llama-cpp-python[server]', or use transformers"))
     if backend == "vllm":
         problems += _vllm_problems(recipe.policy)
+    if backend == "paged" and _policy_backend(recipe.policy) == "unsloth":
+        problems.append(("rollout.backend", backend, "Unsloth replaces the model's attention with its own, which "
+                         "transformers' paged attention cannot run through; use policy.backend peft-4bit (or "
+                         "peft), or rollout.backend transformers (Unsloth's own generation)"))
     return problems
+
+
+def _policy_backend(policy) -> str:
+    """The policy backend ``policy.backend`` resolves to here (its sections passed their checks, so there is one)."""
+    from seal_lite.engines.policy import choose_backend
+
+    installed = {library for library in ("unsloth", "bitsandbytes") if _installed(library)}
+    return choose_backend(policy.backend, _cuda_available(), installed)[0]
 
 
 def _vllm_problems(policy) -> list[Problem]:
@@ -289,14 +301,12 @@ def _vllm_problems(policy) -> list[Problem]:
     which loads only a 16-bit model."""
     import torch
 
-    from seal_lite.engines.policy import choose_backend, pick_dtype
+    from seal_lite.engines.policy import pick_dtype
     from seal_lite.engines.vllm_rollouts import bnb_plugin_missing, vllm_missing
 
     if (missing := vllm_missing()) is not None:
         return [("rollout.backend", "vllm", f"{missing}; or use auto")]
-    # the policy's sections passed their checks, so choose_backend has a backend to give
-    installed = {library for library in ("unsloth", "bitsandbytes") if _installed(library)}
-    if choose_backend(policy.backend, _cuda_available(), installed)[0] == "peft":
+    if _policy_backend(policy) == "peft":
         return []
     if (missing := bnb_plugin_missing()) is not None:
         return [("rollout.backend", "vllm", f"{missing}; or use auto")]

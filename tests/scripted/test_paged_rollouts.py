@@ -1,0 +1,225 @@
+"""rollout.backend paged (seal_lite/engines/paged_rollouts.py): transformers' continuous batching on the trained
+model itself, on a tiny random Llama with SmolLM2's tokenizer, fp32, so both paths must agree to float rounding.
+
+* The generator alone: greedy tokens equal ``generate``'s on rows of different lengths, sampled log-probs are
+  torch's log softmax(logits / T), a reseeded call samples alike, the model gets its attention and training mode
+  back, and torch's own random state is left as it was.
+* Every token is read once per episode: a group's opening once for the whole group, each next message only what
+  came after its last complete block.
+* Two real SEAL steps through TRL with an update between them: each step samples from the adapter the trainer
+  holds at that moment, and no block computed before the update is found after it.
+* A 4-bit policy (peft-4bit on the CPU, bitsandbytes' NF4 kernels) plays with its LoRA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from seal_lite.core.recipe import load_recipe
+from seal_lite.engines.paged_rollouts import BLOCK_SIZE, PagedGenerator
+from seal_lite.engines.policy import count_linear4bit, load_policy
+from seal_lite.engines.rollout_engine import rollout_backend, rollout_engine
+from seal_lite.engines.store import Store
+from seal_lite.engines.transformers_generate import TransformersGenerator
+from seal_lite.envs.bfcl import load_tasks
+from seal_lite.step.algorithm import SealStep
+from seal_lite.training import grpo
+
+TASK_ID = "multi_turn_base_0"
+
+
+@pytest.fixture
+def policy(tiny_model_dir):
+    """The tiny model with a LoRA whose B is not zero (a trained adapter), in training mode as TRL holds it."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"]))
+    _randomize_lora(model, seed=1)
+    return model.train()
+
+
+def _randomize_lora(model, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+
+
+def torch_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_the_generator_samples_from_the_models_distribution_and_leaves_the_model_as_it_was(policy, smol_tokenizer):
+    prompts = [smol_tokenizer(f"Task {n}: list the files, then sort them. " * (3 + 4 * n))["input_ids"]
+               for n in range(3)]
+    generator = PagedGenerator(policy, smol_tokenizer, cache_tokens=4096)
+    greedy = generator.generate(prompts, max_new_tokens=10, temperature=0.0)
+    assert greedy == TransformersGenerator(policy, smol_tokenizer).generate(prompts, 10, 0.0)
+    assert policy.training and policy.get_base_model().config._attn_implementation == "sdpa"
+
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    sampled = generator.generate(prompts, max_new_tokens=12, temperature=0.8)
+    assert torch.equal(torch.rand(1), expected_next)  # the trainer's random state is its own
+    policy.eval()
+    for prompt, ids, logprobs in zip(prompts, sampled, generator.sampled_logprobs, strict=True):
+        assert len(ids) == len(logprobs) >= 1
+        torch.testing.assert_close(torch.tensor(logprobs), torch_logprobs(policy, prompt, ids, 0.8),
+                                   rtol=0, atol=1e-4)
+
+    generator.reseed(0, 0)
+    first = generator.generate(prompts, max_new_tokens=12, temperature=0.8)
+    generator.reseed(0, 0)
+    assert generator.generate(prompts, max_new_tokens=12, temperature=0.8) == first  # a resumed step samples alike
+    generator.reseed(0, 1)
+    assert generator.generate(prompts, max_new_tokens=12, temperature=0.8) != first  # the next step does not
+
+
+def test_a_group_reads_its_opening_once_and_each_message_only_what_came_after_its_blocks(policy, smol_tokenizer):
+    opening = smol_tokenizer("You are a file system agent. Tools: ls, cd, sort. " * 16)["input_ids"]
+    appended = smol_tokenizer(" The tool says: a.txt b.txt c.txt.")["input_ids"]
+    generator = PagedGenerator(policy, smol_tokenizer, cache_tokens=4096)
+    reads = []
+    embeddings = policy.get_input_embeddings()
+    hook = embeddings.register_forward_hook(lambda module, args, out: reads.append(args[0].numel()))
+    sequences = [list(opening) for _ in range(4)]
+    messages = [0] * 4
+
+    def on_message(row, ids, logprobs):
+        messages[row] += 1
+        sequences[row] += ids
+        if messages[row] == 3:
+            return None
+        sequences[row] += appended
+        return sequences[row], 6
+
+    try:
+        generator.generate_continuously([list(opening)] * 4, [6] * 4, 1.0, on_message)
+    finally:
+        hook.remove()
+    assert messages == [3] * 4
+    # once each: the opening for the group, then every token an episode added (the last one is sampled, not read),
+    # and up to a block less one again at each message but the first
+    distinct = len(opening) + sum(len(sequence) - len(opening) - 1 for sequence in sequences)
+    slack = 4 * BLOCK_SIZE + 4 * 2 * (BLOCK_SIZE - 1)  # the group's last partial block; each follow-up's
+    assert distinct <= sum(reads) <= distinct + slack
+    # generate in rounds reads each episode's whole context at every message
+    rounds = 4 * sum(len(opening) + k * (len(appended) + 6) for k in range(3))
+    assert sum(reads) < rounds / 3
+
+
+def test_two_seal_steps_sample_with_the_lora_the_trainer_holds_and_no_stale_block(tmp_path, tiny_model_dir):
+    recipe = load_recipe(None, {
+        "interface.tool_format": "signatures", "data.task_ids": [TASK_ID], "grpo.tasks_per_step": 1,
+        "grpo.steps": 2, "grpo.beta": 0.5, "grpo.learning_rate": 0.05, "grpo.micro_batch_size": 2,
+        "rollout.num_generations": 2, "rollout.max_turns": 2, "rollout.max_calls_per_turn": 1,
+        "rollout.max_new_tokens": 16, "rollout.max_context_tokens": 2048, "rollout.temperature": 0.9,
+        "policy.dtype": "float32", "policy.lora_r": 8, "policy.lora_alpha": 16, "diagnoser.mode": "off",
+        "policy.model": tiny_model_dir,
+    })
+    assert rollout_backend(recipe) == "paged"  # auto, on a CPU, for a policy that is no GGUF
+    task = load_tasks([TASK_ID])[0].truncated(2)
+    store = Store(tmp_path / "seal.db")
+    policy = load_policy(tiny_model_dir, recipe)
+    trainer = grpo.build_trainer(policy, recipe, [task.id], lambda task_ids: step(task_ids), str(tmp_path / "trl"))
+    # A random model fails every episode, so the advantages are 0: a non-zero adapter gives the KL term (beta) a
+    # gradient, and each step then updates the LoRA.
+    _randomize_lora(trainer.model, seed=1)
+    lora = {name: p for name, p in trainer.model.named_parameters() if "lora_" in name}
+    gaps, held, batches = [], [], []
+    log_gap = trainer._log_engine_gap
+    trainer._log_engine_gap = lambda gap: (gaps.append(gap), log_gap(gap))
+
+    with rollout_engine(recipe, trainer.model, policy.tokenizer, tmp_path) as (generator, sync):
+        seal_step = SealStep(recipe, store, {task.id: task}, generator, sync_policy=sync)
+
+        def step(task_ids):
+            held.append({name: p.detach().clone() for name, p in lora.items()})
+            batches.append(seal_step(task_ids))
+            return batches[-1]
+
+        trainer.train()
+        assert generator.cached_tokens > 0  # the episodes' second messages found their earlier blocks
+
+    # each step was sampled with the adapter the trainer held, read through no block of the step before: a stale
+    # block would show as a gap far above the bound, as step 2's tokens under step 1's adapter do
+    assert len(gaps) == len(held) == len(batches) == 2
+    for gap in gaps:
+        assert gap.numel() > 0 and gap.max().item() < 1e-3
+    assert max((held[1][name] - held[0][name]).abs().max().item() for name in lora) > 0.01
+    with torch.no_grad():
+        for name, parameter in lora.items():
+            parameter.copy_(held[0][name])
+    trainer.model.eval()
+    stale = []
+    for prompt, completion, mask, sampled in zip(batches[1].prompt_ids, batches[1].completion_ids,
+                                                 batches[1].env_mask, batches[1].sampled_logprobs, strict=True):
+        reference = torch_logprobs(trainer.model, prompt, completion, 0.9)
+        stale.append((reference - torch.tensor(sampled))[torch.tensor(mask).bool()].abs().max().item())
+    assert max(stale) > 0.05
+    rows = store.trajectories(step=2)
+    assert len(rows) == 2 and all(row["num_model_calls"] == 2 for row in rows)
+
+
+def test_a_pool_kept_across_an_update_would_be_caught(policy, smol_tokenizer, monkeypatch):
+    """The check above fails for an engine that keeps its blocks: one pool for every call, as a persistent manager
+    would, samples the second call through blocks of the adapter before the update."""
+    from seal_lite.engines import paged_rollouts
+
+    prompt = smol_tokenizer("List the files in the current directory, then sort them by name. " * 4)["input_ids"]
+    kept = {}
+    fresh = paged_rollouts._continuous_batching
+
+    def one_pool(model, temperature, stops, cache_tokens, seed):
+        if "pool" not in kept:
+            kept["context"] = fresh(model, temperature, stops, cache_tokens, seed)  # never left: its pool stays
+            kept["pool"] = kept["context"].__enter__()
+        return _Kept(kept["pool"])
+
+    generator = PagedGenerator(policy, smol_tokenizer, cache_tokens=4096)
+    monkeypatch.setattr(paged_rollouts, "_continuous_batching", one_pool)
+    generator.generate([prompt], max_new_tokens=4, temperature=0.8)
+    _randomize_lora(policy, seed=2)  # the update
+    [ids] = generator.generate([prompt], max_new_tokens=4, temperature=0.8)
+    policy.get_base_model().set_attn_implementation("sdpa")
+    policy.eval()
+    gap = (torch_logprobs(policy, prompt, ids, 0.8) - torch.tensor(generator.sampled_logprobs[0])).abs().max()
+    assert gap > 0.05
+    kept["context"].__exit__(None, None, None)
+
+
+class _Kept:
+    def __init__(self, pool):
+        self.pool = pool
+
+    def __enter__(self):
+        return self.pool
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_a_4bit_policy_plays_with_its_lora(tiny_model_dir, smol_tokenizer):
+    """policy.backend peft-4bit (bitsandbytes' CPU NF4 kernels), bf16 as the GPU recipes train: the engine runs the
+    quantized model's own forward, so its log-probs are the policy's, LoRA included, to bf16 rounding."""
+    recipe = load_recipe(None, {"policy.model": tiny_model_dir, "policy.backend": "peft-4bit",
+                                "policy.dtype": "bfloat16", "policy.lora_r": 8, "policy.lora_alpha": 16})
+    policy = load_policy(tiny_model_dir, recipe)
+    model = get_peft_model(policy.model, policy.peft_config)
+    assert count_linear4bit(model) == 2 * 7
+    _randomize_lora(model, seed=1)
+    prompt = smol_tokenizer("List the files in the current directory, then sort them by name.")["input_ids"]
+    generator = PagedGenerator(model, smol_tokenizer, cache_tokens=2048)
+    [ids] = generator.generate([prompt], max_new_tokens=8, temperature=1.0)
+    model.eval()
+    with_lora = torch_logprobs(model, prompt, ids, 1.0)
+    with model.disable_adapter():
+        without = torch_logprobs(model, prompt, ids, 1.0)
+    sampled = torch.tensor(generator.sampled_logprobs[0])
+    assert (with_lora - sampled).abs().max() < 0.1 < (without - sampled).abs().max()
