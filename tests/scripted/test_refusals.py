@@ -196,3 +196,17 @@ def test_vllm_with_a_4bit_policy_is_refused_without_the_plugin_that_loads_it(mac
                                                   "rollout": {"backend": "vllm"}})
     [line] = CliRunner().invoke(main, ["recipe", float32]).output.strip().splitlines()[1:]
     assert line.startswith(f"{float32}: policy.dtype") and "set policy.dtype bfloat16" in line
+
+
+def test_paged_rollouts_with_an_unsloth_policy_are_refused(monkeypatch):
+    """Unsloth replaces the attention forwards, so transformers' paged attention would never run: the recipe check
+    says so and names the backends that work, before anything loads."""
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.runs import preflight
+
+    monkeypatch.setattr(preflight, "_cuda_available", lambda: True)
+    monkeypatch.setattr(preflight, "_installed", lambda module: True)
+    problems = preflight.recipe_problems(load_recipe(None, {"policy.backend": "unsloth", "rollout.backend": "paged"}))
+    assert [(field, value) for field, value, _ in problems] == [("rollout.backend", "paged")]
+    assert "policy.backend peft-4bit" in problems[0][2]
+    assert preflight.recipe_problems(load_recipe(None, {"policy.backend": "peft-4bit", "rollout.backend": "paged"})) == []
