@@ -22,13 +22,16 @@ imports it) and writes ``OUT/<part>.json`` as it goes: a part stopped at its lim
                     (inside Unsloth's RL generation scope), on the Qwen2 shape the recipes train (once more with Qwen2
                     let into the models Unsloth captures) and on a Llama of the same widths; outputs must be equal
 
-and, by name only (``--parts update_prefix``), a benchmark for the update's cost on a GPU (issue 65):
+and, by name only (``--parts update_prefix,rollout_engines``), benchmarks for a GPU with time left (issues 65, 66):
 
   update_prefix     one update of a group of G = 8 trajectories at the paper's shapes (a real task's 5k-token opening
                     under the official view, completions of three model and two environment messages) on the peft-4bit
                     backend at Qwen2.5-7B's widths (2 layers; the tiny model in fp32 on a CPU), one pass per
                     trajectory against each group's prompt computed once (grpo.shared_prefix): seconds, peak memory,
                     the ratio, and how far the LoRA gradients of the two ways differ
+  rollout_engines   the same greedy episodes, G = 8 of that task (2 turns, up to 4 messages of 48 tokens) on the same
+                    peft-4bit policy at Qwen2.5-7B's widths (2 layers), played by chunked ``generate`` and by
+                    ``rollout.backend: paged`` (benchmarks/rollout_engines.py): seconds, tokens read, peaks, ratios
 
 What stands in for what a GPU user has: the policy is a random-init Qwen2 of Qwen2.5-1.5B's widths with 4 layers
 (``--cpu``: benchmarks/gpu_memory.py's 2-layer TINY) and the locally built tokenizer; a random model never passes a
@@ -62,13 +65,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))  # tests.support: the scripted generation of the resume tests
 
 PARTS = ["run_resume", "eval_base", "engine_logprobs", "decode_graphs"]
-BENCHMARKS = ["update_prefix"]  # run by name (--parts), after the parts, on a GPU with time left
+BENCHMARKS = ["update_prefix", "rollout_engines"]  # run by name (--parts), after the parts, on a GPU with time left
 # seconds each part may take on a GPU (the parts sum to 6 minutes; Unsloth's first step compiles for about a
 # minute); on a shared 2-core CPU the tiny models take longer: x4
-LIMITS = {"run_resume": 170, "eval_base": 40, "engine_logprobs": 80, "decode_graphs": 60, "update_prefix": 120}
+LIMITS = {"run_resume": 170, "eval_base": 40, "engine_logprobs": 80, "decode_graphs": 60, "update_prefix": 120,
+          "rollout_engines": 180}
 CPU_SCALE = 4
 TASKS = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2"]  # their prompts differ in length
 STEPS = 3
+ENGINE_TASK = "multi_turn_base_2"  # rollout_engines: a 5k-token opening under the official view
 STAND_INS = {"policy": "random-init weights, local tokenizer; half the messages replaced by the ground truth",
              "diagnoser": "a stub OpenAI-compatible server answering with the rule label (diagnoser.mode url)"}
 
@@ -273,6 +278,37 @@ def update_prefix(ctx: Context, result: dict) -> bool:
                "relative_gradient_difference": float(f"{relative:.3g}"), "gradient_norm": float(f"{float(norm):.3g}"),
                "tolerance": tolerance}
     return result["shared_prefix"]["shared_prefix"] and float(norm) > 0 and relative <= tolerance
+
+
+def rollout_engines(ctx: Context, result: dict) -> bool:
+    """The same greedy episodes played by chunked ``generate`` and by the paged engine (benchmarks/
+    rollout_engines.py), G = 8 of a real task under the official view on a 4-bit + LoRA policy: the ratio of their
+    seconds, of the tokens each read, and their memory peaks."""
+    import torch
+    from peft import get_peft_model
+    from rollout_engines import compare
+
+    from seal_lite.core.recipe import load_recipe
+    from seal_lite.engines.policy import load_policy
+    from seal_lite.engines.rollout_engine import paged_cache_tokens
+    from seal_lite.envs.bfcl import load_tasks
+
+    model_dir = ctx.model_dir("qwen2", "7b")
+    recipe = load_recipe(None, ctx.policy_overrides(model_dir) | {
+        "policy.backend": "peft" if ctx.cpu else "peft-4bit", "data.task_ids": [ENGINE_TASK],
+        "grpo.tasks_per_step": 1, "rollout.num_generations": 8, "rollout.max_turns": 2, "rollout.max_model_calls": 4,
+        "rollout.max_new_tokens": 48, "rollout.max_context_tokens": 16384, "rollout.backend": "paged"})
+    policy = load_policy(model_dir, recipe)
+    model = get_peft_model(policy.model, policy.peft_config)
+    tasks = [task.truncated(recipe.rollout.max_turns) for task in load_tasks([ENGINE_TASK])]
+    cache_tokens = paged_cache_tokens(recipe, model)
+    result |= {"stand_ins": {"policy": "random-init weights, local tokenizer (greedy: both engines play the same)"},
+               "policy": f"{recipe.policy.backend}, {policy.dtype}", "cache_tokens": cache_tokens,
+               "attention": model.get_base_model().config._attn_implementation,
+               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    ctx.save(result)
+    result |= compare(model, policy.tokenizer, tasks, recipe.rollout, 8, cache_tokens)
+    return result["paged"]["generated"] > 0 and result["read_ratio"] > 1
 
 
 # --- what the parts share ----------------------------------------------------------------------------------------

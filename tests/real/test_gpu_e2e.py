@@ -59,3 +59,13 @@ def test_the_update_benchmark_compares_the_two_ways_on_one_batch(tmp_path):
     assert row["shared_prefix"]["shared_prefix"] and not row["per_trajectory"]["shared_prefix"]
     assert row["shared_prefix"]["prompt_tokens"] > 4000 and row["gradient_norm"] > 0
     assert row["relative_gradient_difference"] <= 1e-3 and row["speedup"] > 0
+
+
+def test_the_rollout_benchmark_plays_the_same_episodes_with_both_engines(tmp_path):
+    """--parts rollout_engines: G = 8 greedy episodes of a real task's 5k-token opening, played by chunked generate
+    and by the paged engine on the same policy: the same tokens, and the paged engine reads the opening once."""
+    done = gpu_e2e(tmp_path, "--parts", "rollout_engines")
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads((tmp_path / "rollout_engines.json").read_text())
+    assert row["same_episodes"] and row["paged"]["generated"] == row["generate"]["generated"] > 0
+    assert row["generate"]["read"] > 8 * 4000 and row["read_ratio"] > 4 and row["speedup"] > 0
