@@ -63,8 +63,10 @@ SMOKE = ["policy.model=smollm2-135m", "policy.device=auto", "policy.gradient_che
 from seal_lite.core.plan import (  # noqa: E402
     ANSWER_TOKENS,
     CARDS,
+    PAGED_BLOCK_SIZE,
     Speed,
     card_budget,
+    card_paged,
     card_vllm,
     episode_cases,
     evaluation_cost,
@@ -117,9 +119,10 @@ def load(arm: str, overrides: list[str]):
 
 
 def plan(seeds: int, overrides: list[str], speed: Speed = Speed()) -> dict:
-    """The design and its cost: per card, a run's and an evaluation's hours for episodes like the ground truth's
-    and for episodes that spend their whole budget, and the total of 2 arms x ``seeds`` runs and 2 x ``seeds`` + 1
-    evaluations (the base model's too)."""
+    """The design and its cost: per card and rollout engine (generate; vLLM where the card runs it; the paged
+    engine), a run's and an evaluation's hours for episodes like the ground truth's and for episodes that spend
+    their whole budget, and the total of 2 arms x ``seeds`` runs and 2 x ``seeds`` + 1 evaluations (the base
+    model's too)."""
     from seal_lite.core.memory import GIB, KNOWN_SHAPES
 
     recipe = load("seal", overrides)
@@ -134,11 +137,12 @@ def plan(seeds: int, overrides: list[str], speed: Speed = Speed()) -> dict:
         row = {"card": card, "budget": budget, "rows": budget // recipe.rollout.max_context_tokens, "cases": {}}
         if card.vllm:
             row["vllm_memory"], row["vllm_cache_tokens"] = card_vllm(recipe, shape, card)
+        row["paged_pool_tokens"] = card_paged(recipe, shape, card)
         for case, (train, held_out, decode_steps) in episodes.items():
-            for engine in ("generate", "vllm") if card.vllm else ("generate",):
+            for engine in ("generate", "vllm", "paged") if card.vllm else ("generate", "paged"):
                 run = run_cost(recipe, shape, card, train, speed, decode_steps, engine)
                 evaluated = evaluation_cost(recipe, shape, card, held_out, speed, decode_steps, engine=engine)
-                key = case if engine == "generate" else f"{case}, vllm"
+                key = case if engine == "generate" else f"{case}, {engine}"
                 row["cases"][key] = {"run": run, "evaluation": evaluated,
                                      "total": 2 * seeds * run["hours"] + (2 * seeds + 1) * evaluated["hours"]}
         cards.append(row)
@@ -232,6 +236,35 @@ def print_cost(design: dict) -> None:
     print(f"Assumed (not measured): a vLLM decode step at least {speed.vllm_decode_floor_s * 1000:.0f} ms; the rest "
           f"as above. A run reads {design['cards'][0]['cases']['like the ground truth, vllm']['run']['prefill_tokens'] / 1e9:.2f} "
           "G tokens by prefills.")
+    print_paged_cost(design)
+
+
+def print_paged_cost(design: dict) -> None:
+    recipe, seeds, speed = design["recipe"], design["seeds"], design["speed"]
+    context = recipe.rollout.max_context_tokens
+    print("\nWith paged rollouts (rollout.backend paged: transformers' continuous batching on paged attention, the "
+          "trained model itself, on every card, the T4 included): prefix blocks read each task's opening once a group "
+          f"and then what the environment appends, with up to {PAGED_BLOCK_SIZE - 1} tokens again a message; as many "
+          f"episodes decode at once as its KV pool holds, at most {recipe.generation_batch()} (the recipe's "
+          "generation batch). Its pool is the largest the memory model fits beside the policy (not measured).")
+    print(f"| card | KV pool tokens (episodes of {context // 1024}k) | run: prefill + decode + update, h "
+          f"| evaluation, h | total, {2 * seeds} runs + {2 * seeds + 1} evaluations, h | whole-budget bound, total h |")
+    print("|---|---|---|---|---|---|")
+    for row in design["cards"]:
+        card, pool = row["card"], row["paged_pool_tokens"]
+        expected, bound = row["cases"]["like the ground truth, paged"], row["cases"]["whole budget, paged"]
+        run = expected["run"]
+        parts = " + ".join(f"{run[key] / 3600:.1f}" for key in ("prefill", "decode", "update"))
+        print(f"| {card.name} ({card.memory_gb} GB) | {pool:,} ({pool // context}) | {parts} = {run['hours']:.0f} | "
+              f"{expected['evaluation']['hours']:.1f} | {expected['total']:,.0f} | {bound['total']:,.0f} |")
+    print(f"Assumed (not measured): a paged step at least {speed.paged_decode_floor_s * 1000:.0f} ms (generate's "
+          "floor: Python and kernel launches every step); attention by torch's SDPA without flash attention (none "
+          "is installed; the T4 has none), which attends every query of a pass to every key the pass reads, so a "
+          "step's attention grows with the square of the rows and its bytes with the keys gathered out of the pool; "
+          "each prefill token attends to all the batch's keys too (SDPA's copy of the keys for every head, which "
+          "generate's padded calls make as well, is counted for neither). The rest as above. A run reads "
+          f"{design['cards'][0]['cases']['like the ground truth, paged']['run']['prefill_tokens'] / 1e9:.2f} G tokens "
+          "by prefills.")
 
 
 def print_power(design: dict) -> None:

@@ -410,13 +410,15 @@ def print_card_plan(recipe, plan: dict) -> None:
     card, fits = plan["card"], {True: "[green]fits[/]", False: "[red]does not fit[/]"}
     console.print(f"[bold]{recipe.name} on {card.name}[/] ({card.memory_gb} GB, {card.tflops:g} TFLOP/s 16-bit, "
                   f"{card.bandwidth:g} TB/s), policy.backend {recipe.policy.backend}, {plan['rollouts']} rollouts:")
-    console.print(f"  rollouts  the widest generate call, {plan['rows']} rows of {recipe.rollout.max_context_tokens:,} "
-                  f"tokens (budget {plan['budget']:,}), needs {plan['call_gb']:.1f} GB with the weights: "
-                  f"{fits[plan['call_fits']]} in 90% of the card (the memory model, checked against measured peaks)")
-    if not plan["call_fits"] or plan["fitting_budget"] < plan["budget"]:
-        fix = (f"--set rollout.generation_token_budget={plan['fitting_budget']}" if plan["fitting_budget"]
-               else "a smaller rollout.max_context_tokens (not one row of the context fits)")
-        console.print(f"            to fit: {fix}")
+    if plan["rollouts"] == "paged":  # no generate call: a KV pool sized for the card, whatever the token budget
+        console.print(f"  rollouts  paged: a KV pool of {plan['pool_tokens']:,} tokens fits beside the weights, "
+                      f"{plan['pool_tokens'] // recipe.rollout.max_context_tokens} episodes of the full context at "
+                      f"once; one context and a forward pass: {fits[plan['pool_fits']]} (the memory model, on SDPA "
+                      "without flash attention)")
+        if not plan["pool_fits"]:
+            console.print("            to fit: a smaller rollout.max_context_tokens or a larger card")
+    else:
+        print_widest_call(recipe, plan, fits)
     console.print(f"  update    one trajectory of {recipe.rollout.max_context_tokens:,} tokens a pass needs about "
                   f"{plan['update_gb']:.1f} GB: {fits[plan['update_fits']]} (an estimate; no GPU has measured it)")
     for case, hours in plan["hours"].items():
@@ -424,3 +426,14 @@ def print_card_plan(recipe, plan: dict) -> None:
                       f"{recipe.grpo.steps} steps ({hours['update_share']:.0%} of it the update)")
     console.print("            estimated: the speeds are assumptions until a GPU measures them "
                   "(seal_lite/core/plan.py, Speed; docs/gpu.md)")
+
+
+def print_widest_call(recipe, plan: dict, fits: dict) -> None:
+    """The card plan's generate rollouts: the widest call's peak, and the budget that fits when it does not."""
+    console.print(f"  rollouts  the widest generate call, {plan['rows']} rows of {recipe.rollout.max_context_tokens:,} "
+                  f"tokens (budget {plan['budget']:,}), needs {plan['call_gb']:.1f} GB with the weights: "
+                  f"{fits[plan['call_fits']]} in 90% of the card (the memory model, checked against measured peaks)")
+    if not plan["call_fits"] or plan["fitting_budget"] < plan["budget"]:
+        fix = (f"--set rollout.generation_token_budget={plan['fitting_budget']}" if plan["fitting_budget"]
+               else "a smaller rollout.max_context_tokens (not one row of the context fits)")
+        console.print(f"            to fit: {fix}")

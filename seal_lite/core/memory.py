@@ -184,11 +184,9 @@ def paged_bytes(shape: Shape, pool_tokens: int, batch_tokens: int, dtype_bytes: 
             "hidden": terms["hidden"], "mlp": terms["mlp"], "logits": batch_tokens * shape.vocab * 4}
 
 
-def paged_pool_tokens(shape: Shape, free_bytes: float, batch_tokens: int, dtype_bytes: int,
-                      headroom: float = 0.1) -> int:
-    """The largest KV pool, in tokens, whose ``paged_bytes`` peak fits ``free_bytes`` (what the card has once the
-    policy is loaded) with ``headroom`` of it left free. 0: not even the forward pass fits."""
-    usable = free_bytes * (1 - headroom)
+def paged_pool_tokens(shape: Shape, available_bytes: float, batch_tokens: int, dtype_bytes: int) -> int:
+    """The largest KV pool, in tokens, whose ``paged_bytes`` peak fits in ``available_bytes`` (what the card has
+    once the policy is loaded, less the headroom left free). 0: not even the forward pass fits."""
     fixed = sum(paged_bytes(shape, 0, batch_tokens, dtype_bytes).values())
     per_token = sum(paged_bytes(shape, 1, batch_tokens, dtype_bytes).values()) - fixed
-    return max(0, math.floor((usable - fixed) / per_token))
+    return max(0, math.floor((available_bytes - fixed) / per_token))

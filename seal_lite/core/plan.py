@@ -6,7 +6,9 @@ docs/gpu.md), the update's peak (an estimate: ``update_peak_bytes``), and the se
 and update from the FLOPs and bytes they move at the speeds of ``Speed``, which are ASSUMPTIONS until a GPU has
 measured them. Episode sizes are measured on the BFCL data (``MEASURED_EPISODES``) or the recipe's whole budget.
 ``seal-lite recipe RECIPE --card NAME`` prints ``card_plan`` for one card; scripts/paper_comparison.py --plan prints
-the paper comparison's cost on every card with the same functions.
+the paper comparison's cost on every card with the same functions. Three rollout engines are priced: transformers'
+generate in rounds (``rollout_cost``), vLLM (``vllm_rollout_cost``) and transformers' continuous batching on paged
+attention (``paged_rollout_cost``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from seal_lite.core.memory import (
     NF4_BYTES,
     Shape,
     generate_peak,
+    paged_pool_tokens,
     resident_bytes,
     rollout_token_budget,
     vllm_cache_tokens,
@@ -108,6 +111,14 @@ class Speed(NamedTuple):
     # about 7.5 s a step with its update) bounds it by 0.059 s
     longest_message: int = 256  # a generate call decodes until its longest message ends (a budget episode: its cap)
     vllm_decode_floor_s: float = 0.012  # the least one vLLM decode step takes (CUDA graphs, no Python per token)
+    paged_decode_floor_s: float = 0.03  # the least one step of the paged engine takes: generate's floor, as its
+    # steps are as many kernel launches with Python around them (prepare, forward, update; no CUDA graphs); not
+    # measured on a GPU
+
+
+# The paged engine's constants (core imports no engine): they mirror seal_lite/engines/paged_rollouts.py's
+PAGED_BLOCK_SIZE = 32  # paged_rollouts.BLOCK_SIZE: only complete blocks of this many tokens are shared
+PAGED_PREFILL_TOKENS = 2048  # paged_rollouts.PREFILL_TOKENS: the most tokens one forward pass reads
 
 
 LOGPROB_CHUNK = 1024  # positions whose fp32 logits (and their gradient) Unsloth's loss holds at once
@@ -169,11 +180,59 @@ def vllm_rollout_cost(shape, card: Card, episode: Episode, trajectories: int, gr
             "decode": trajectories * episode.model_tokens / rows * step, "rows": rows}
 
 
+def paged_pass_flops(shape, queries: float, keys: float) -> float:
+    """One forward pass of the paged engine on SDPA: the projections of ``queries`` tokens, each attending to all
+    ``keys`` the pass reads (2 x 2 FLOPs a head dimension: scores and values)."""
+    return queries * (2 * shape.linear_params() + 4 * shape.layers * shape.heads * shape.head_dim * keys)
+
+
+def paged_rollout_cost(shape, card: Card, episode: Episode, trajectories: int, group_size: int, pool_tokens: int,
+                       rows_cap: int, speed: Speed) -> dict:
+    """Seconds of prefill and decode for ``trajectories`` episodes on transformers' continuous batching on paged
+    attention (``rollout.backend: paged``, seal_lite/engines/paged_rollouts.py), an ESTIMATE priced for torch's SDPA
+    (no flash attention: the T4 has none, and seal-lite installs none). Its prefix blocks read each task's opening
+    once for its group, then per episode what the environment appends and, at each model message, the tokens after
+    its last complete block again (``PAGED_BLOCK_SIZE`` / 2 on average). It decodes continuously, as many episodes
+    at once as its pool holds at their full length and at most ``rows_cap``: R rows of the mean width W.
+
+    SDPA attends every query of a forward pass to every key the pass reads, with a dense block-diagonal mask
+    (transformers/integrations/sdpa_paged.py), so a decode step computes R x (R x W) query-key pairs, quadratic in
+    R, and moves the weights, the R x W keys and values read out of the pool, and their copy gathered out of it,
+    written and read again (the mask, R x R x W, is smaller by far and left out). With a mask, transformers' SDPA
+    also repeats the keys and values to every attention head, in this engine as in generate's padded calls
+    (``use_gqa_in_sdpa``): neither estimate counts that copy, so the two compare alike. Each
+    prefill token is priced as attending to R x W keys as well, by its FLOPs alone (a pass of
+    ``PAGED_PREFILL_TOKENS`` queries moves the bytes of a decode step, which its FLOPs outweigh on every card here):
+    an estimate, since the keys of a pass depend on which rows share it. A decode step takes the longest of the
+    floor, its bytes and its FLOPs."""
+    tasks = trajectories / group_size
+    mean_width = episode.opening + (episode.model_tokens + episode.env_tokens) / 2
+    rows = max(1, min(trajectories, rows_cap, math.floor(pool_tokens / episode.length())))
+    keys = rows * mean_width  # what each forward pass reads, and each of its queries attends to
+    prefill_tokens = tasks * episode.opening + trajectories * (episode.env_tokens
+                                                               + episode.messages * PAGED_BLOCK_SIZE / 2)
+    copies = 2 * kv_bytes(shape)  # a key's keys and values gathered out of the pool, written then read
+    step_bytes = weight_bytes(shape) + keys * (kv_bytes(shape) + copies)
+    step = max(speed.paged_decode_floor_s, step_bytes / (card.bandwidth * 1e12 * speed.bandwidth_share),
+               paged_pass_flops(shape, rows, keys) / (card.tflops * 1e12 * speed.prefill_mfu))
+    return {"prefill_tokens": prefill_tokens,
+            "prefill": paged_pass_flops(shape, prefill_tokens, keys) / (card.tflops * 1e12 * speed.prefill_mfu),
+            "decode": trajectories * episode.model_tokens / rows * step, "rows": rows}
+
+
 def card_vllm(recipe, shape, card: Card) -> tuple[float, int]:
     """(rollout.vllm_memory, KV cache tokens) on ``card``: the largest share that leaves the trainer its resident
     memory and 10% of the card during rollouts (vLLM sleeps during the update), by the memory model."""
     share = vllm_share(shape, card.memory_gb * GIB, 2, True, recipe.policy.lora_r)
     return share, vllm_cache_tokens(shape, card.memory_gb * GIB, share, 2, True, recipe.policy.lora_r)
+
+
+def card_paged(recipe, shape, card: Card) -> int:
+    """Tokens of the paged engine's KV pool on ``card``: what the memory model lets fit beside the 4-bit policy and
+    the CUDA context with 10% of the card left free (``paged_pool_tokens``, as seal_lite/engines/rollout_engine.py
+    sizes it on a GPU). 0: not even one forward pass fits."""
+    available = 0.9 * card.memory_gb * GIB - CUDA_CONTEXT - resident_bytes(shape, 2, True, recipe.policy.lora_r)
+    return paged_pool_tokens(shape, available, PAGED_PREFILL_TOKENS, 2)
 
 
 def update_cost(shape, card: Card, episode: Episode, trajectories: int, context: int, passes: int,
@@ -214,18 +273,34 @@ def card_budget(recipe, shape, card: Card) -> int:
     return min(fits, rollout.generation_token_budget or fits)
 
 
+ENGINES = ("generate", "vllm", "paged")
+
+
+def engine_cost(recipe, shape, card: Card, episode: Episode, trajectories: int, group_size: int, speed: Speed,
+                decode_steps: int, engine: str) -> dict:
+    """Seconds of prefill and decode for ``trajectories`` episodes in groups of ``group_size`` on ``engine``
+    (``ENGINES``), sized for ``card`` as the recipe sizes it there: generate's calls by ``card_budget``, vLLM's
+    cache by ``card_vllm``, the paged engine's pool by ``card_paged``."""
+    if engine == "vllm":
+        return vllm_rollout_cost(shape, card, episode, trajectories, group_size, card_vllm(recipe, shape, card)[1],
+                                 speed)
+    if engine == "paged":
+        return paged_rollout_cost(shape, card, episode, trajectories, group_size, card_paged(recipe, shape, card),
+                                  recipe.generation_batch(), speed)
+    if engine != "generate":
+        raise ValueError(f"no cost model for the rollout engine {engine!r}; there are {', '.join(ENGINES)}")
+    return rollout_cost(shape, card, episode, trajectories, recipe.generation_batch(), card_budget(recipe, shape, card),
+                        recipe.rollout.max_new_tokens, decode_steps, speed)
+
+
 def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_steps: int,
              engine: str = "generate") -> dict:
-    """One training run: per step, tasks x G episodes rolled out (``engine``: generate or vllm) and the update over
-    them; all its steps."""
+    """One training run: per step, tasks x G episodes rolled out (``engine``: generate, vllm or paged) and the
+    update over them; all its steps."""
     trajectories = recipe.grpo.tasks_per_step * recipe.rollout.num_generations
     budget = card_budget(recipe, shape, card)
-    if engine == "vllm":
-        rollout = vllm_rollout_cost(shape, card, episode, trajectories, recipe.rollout.num_generations,
-                                    card_vllm(recipe, shape, card)[1], speed)
-    else:
-        rollout = rollout_cost(shape, card, episode, trajectories, recipe.generation_batch(), budget,
-                               recipe.rollout.max_new_tokens, decode_steps, speed)
+    rollout = engine_cost(recipe, shape, card, episode, trajectories, recipe.rollout.num_generations, speed,
+                          decode_steps, engine)
     update = update_cost(shape, card, episode, trajectories, recipe.rollout.max_context_tokens,
                          update_passes(recipe), speed, recompute_passes(recipe))
     step = {**rollout, **update, "generated_tokens": trajectories * episode.model_tokens}
@@ -238,12 +313,9 @@ def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_s
 
 def evaluation_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_steps: int,
                     tasks: int = 400, engine: str = "generate") -> dict:
-    """One model's greedy evaluation: ``tasks`` episodes, batched as the recipe batches them, no update."""
-    if engine == "vllm":  # one episode a task; tasks share no prefix in this estimate
-        cost = vllm_rollout_cost(shape, card, episode, tasks, 1, card_vllm(recipe, shape, card)[1], speed)
-    else:
-        cost = rollout_cost(shape, card, episode, tasks, recipe.generation_batch(), card_budget(recipe, shape, card),
-                            recipe.rollout.max_new_tokens, decode_steps, speed)
+    """One model's greedy evaluation: ``tasks`` episodes, batched as the recipe batches them, no update. One
+    episode a task: tasks share no prefix in this estimate (vllm, paged)."""
+    cost = engine_cost(recipe, shape, card, episode, tasks, 1, speed, decode_steps, engine)
     return {**cost, "hours": (cost["prefill"] + cost["decode"]) / 3600}
 
 
@@ -273,7 +345,9 @@ def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
     the update's estimated peak, and the hours of a step and of the run for episodes like the ground truth's
     (measured on the BFCL data under the official view) and for episodes that spend the whole budget. The engine
     is the policy backend's; ``auto`` counts both GPU backends (Unsloth where it is installed, else bitsandbytes and
-    peft), so what it finds fits either."""
+    peft), so what it finds fits either. The rollouts are priced on vLLM with ``rollout.backend: vllm`` where the
+    card runs it, on the paged engine with ``rollout.backend: paged`` (its pool, ``card_paged``, fits when it holds
+    one context and one prefill pass: less, and the engine takes that much anyway), else on generate."""
     rollout, backend = recipe.rollout, recipe.policy.backend
     engines = {"unsloth": ["unsloth"], "auto": ["unsloth", "peft"]}.get(backend, ["peft"])
     quantized, card_bytes = backend != "peft", card.memory_gb * GIB
@@ -285,15 +359,17 @@ def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
     call = resident + max(generate_peak(shape, rows, rollout.max_context_tokens - rollout.max_new_tokens,
                                         rollout.max_new_tokens, 2, engine) for engine in engines)
     update = update_peak_bytes(shape, rollout.max_context_tokens, 2, recipe.policy.lora_r)
-    vllm = rollout.backend == "vllm" and card.vllm
+    engine = {"vllm": "vllm" if card.vllm else "generate", "paged": "paged"}.get(rollout.backend, "generate")
+    pool = card_paged(recipe, shape, card)
     steps = recipe.grpo.steps
     hours = {}
     for case, (episode, decode_steps) in episode_cases(rollout, speed).items():
-        run = run_cost(recipe, shape, card, episode, speed, decode_steps, "vllm" if vllm else "generate")
+        run = run_cost(recipe, shape, card, episode, speed, decode_steps, engine)
         hours[case] = {"step": run["hours"] / steps, "run": run["hours"],
                        "update_share": run["update"] / (run["prefill"] + run["decode"] + run["update"])}
     return {"card": card, "engines": engines, "rows": rows, "budget": budget, "fitting_budget": fits,
             "call_gb": call / GIB, "update_gb": update / GIB,
             "call_fits": call <= 0.9 * card_bytes, "update_fits": update <= 0.9 * card_bytes,
-            "rollouts": "vllm" if vllm else "generate", "hours": hours}
+            "rollouts": engine, "pool_tokens": pool,
+            "pool_fits": pool >= rollout.max_context_tokens + PAGED_PREFILL_TOKENS, "hours": hours}
 

@@ -119,8 +119,8 @@ def _vllm_engine(recipe: Recipe, model, tokenizer, out_dir: Path):
 
 def paged_cache_tokens(recipe: Recipe, model) -> int:
     """The paged engine's KV pool, in tokens: ``rollout.cache_tokens``; else, on a GPU, what the memory model lets
-    fit in the memory free once the policy is loaded (``paged_pool_tokens``), else 4 x the context. Never less
-    than one context and one prefill pass, so that any sequence fits."""
+    fit in the memory free once the policy is loaded, 10% of the card left free (``paged_pool_tokens``), else 4 x
+    the context. Never less than one context and one prefill pass, so that any sequence fits."""
     import torch
 
     from seal_lite.core.memory import Shape, paged_pool_tokens
@@ -129,7 +129,7 @@ def paged_cache_tokens(recipe: Recipe, model) -> int:
     rollout = recipe.rollout
     tokens = rollout.cache_tokens or 4 * rollout.max_context_tokens
     if rollout.cache_tokens is None and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
+        free, total = torch.cuda.mem_get_info()
         dtype_bytes = torch.finfo(model.dtype).bits // 8
-        tokens = paged_pool_tokens(Shape.from_config(model.config), free, PREFILL_TOKENS, dtype_bytes)
+        tokens = paged_pool_tokens(Shape.from_config(model.config), free - 0.1 * total, PREFILL_TOKENS, dtype_bytes)
     return max(tokens, rollout.max_context_tokens + PREFILL_TOKENS)

@@ -12,14 +12,18 @@ from types import SimpleNamespace
 import pytest
 
 from seal_lite.core.memory import (
+    CUDA_CONTEXT,
     GIB,
     KNOWN_SHAPES,
     Shape,
     generate_bytes,
     generate_peak,
+    paged_bytes,
+    paged_pool_tokens,
     resident_bytes,
     rollout_token_budget,
 )
+from seal_lite.core.plan import PAGED_PREFILL_TOKENS
 from seal_lite.core.recipe import load_recipe
 from seal_lite.step.rollout import generation_chunks
 
@@ -130,14 +134,22 @@ def test_the_models_generate_peaks_are_within_20_percent_of_measured_ones_on_thi
 
 
 @pytest.mark.parametrize("name", sorted(GPU_RECIPES))
-def test_each_gpu_recipes_generate_calls_fit_its_card_with_10_percent_free(name):
+def test_each_gpu_recipes_rollouts_fit_its_card_with_10_percent_free(name):
     recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml")
     shape, rollout = KNOWN_SHAPES[recipe.policy.model], recipe.rollout
+    assert recipe.policy.device == "gpu"
+    if rollout.backend == "paged":  # no generate call: a KV pool sized to the card, which must hold one sequence
+        card = GPU_RECIPES[name] * GIB
+        resident = resident_bytes(shape, 2, True, recipe.policy.lora_r) + CUDA_CONTEXT
+        pool = paged_pool_tokens(shape, 0.9 * card - resident, PAGED_PREFILL_TOKENS, 2)
+        peak = resident + sum(paged_bytes(shape, pool, PAGED_PREFILL_TOKENS, 2).values())
+        assert pool >= rollout.max_context_tokens + PAGED_PREFILL_TOKENS
+        assert 0.89 * card < peak <= 0.9 * card  # the pool takes what is left, and no more
+        return
     for engine in ("unsloth", "peft"):  # auto picks Unsloth where it imports, else bitsandbytes (through peft)
         fits = rollout_token_budget(shape, GPU_RECIPES[name] * GIB, rollout.max_context_tokens, rollout.max_new_tokens,
                                     2, engine, quantized=True, lora_rank=recipe.policy.lora_r)
         assert rollout.max_context_tokens <= rollout.generation_token_budget <= fits, engine
-    assert recipe.policy.device == "gpu"
 
 
 def test_a_bigger_card_fits_more_and_a_too_small_one_nothing():

@@ -2,6 +2,7 @@
 that makes a recipe fit, the update's estimated peak worked out by hand, and the command on a machine without the
 card (the plan needs none)."""
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from click.testing import CliRunner
 
 from seal_lite.cli import main
 from seal_lite.core import plan
-from seal_lite.core.memory import CUDA_CONTEXT, KNOWN_SHAPES, Shape, resident_bytes
+from seal_lite.core.memory import CUDA_CONTEXT, KNOWN_SHAPES, NF4_BYTES, Shape, resident_bytes
 from seal_lite.core.recipe import load_recipe
 
 ROOT = Path(__file__).parents[2]
@@ -65,3 +66,127 @@ def test_the_card_option_plans_a_gpu_recipe_on_a_machine_without_that_card():
     assert "h a step" in text and "estimated" in text
     unknown = runner.invoke(main, ["recipe", "--card", "t4"])  # the default policy: a GGUF of no known shape
     assert unknown.exit_code == 2 and "--card: the shape of policy.model" in unknown.output
+
+
+# ---- the paged engine (rollout.backend: paged): transformers' continuous batching on SDPA ----------------------
+
+def _paper():
+    recipe = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml")
+    return recipe, KNOWN_SHAPES[recipe.policy.model]
+
+
+def _paged(recipe):
+    return recipe.model_copy(update={"rollout": recipe.rollout.model_copy(update={"backend": "paged"})})
+
+
+def test_the_paged_constants_mirror_the_engines():
+    """core imports no engine, so plan.py copies two of its constants; read from its source (importing it needs
+    torch)."""
+    source = (ROOT / "seal_lite" / "engines" / "paged_rollouts.py").read_text()
+    constants = {node.targets[0].id: node.value.value for node in ast.parse(source).body
+                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)}
+    assert (constants["BLOCK_SIZE"], constants["PREFILL_TOKENS"]) == (plan.PAGED_BLOCK_SIZE, plan.PAGED_PREFILL_TOKENS)
+
+
+def test_the_paged_cost_arithmetic_against_hand_computed_figures():
+    """The toy on a card of 1 FLOP/s and 1 byte/s at full efficiency. 4 episodes of 2 tasks (G = 2) of 20 tokens,
+    mean width 15; a pool of 45 tokens holds 2 of them, so 2 rows, 30 keys a pass. Prefill: the 2 openings, then
+    per episode its 6 environment tokens and half a 32-token block at each of its 2 messages, every token's
+    projections (2 x 288) and attention to the 30 keys (4 x 2 layers x 2 heads x 2 dims = 32 FLOPs a key). A
+    decode step moves the weights and, per key, its cache (16 bytes) and its copy gathered out of the pool, written
+    and read (32): 229 + 30 x 48 = 1,669 bytes, which its 2 x (576 + 32 x 30) = 3,072 FLOPs outweigh."""
+    card = plan.Card("toy", 1, 1e-12, 1e-12)
+    speed = plan.Speed(prefill_mfu=1, bandwidth_share=1, paged_decode_floor_s=0)
+    episode = plan.Episode(opening=10, messages=2, model_tokens=4, env_tokens=6)
+    weights = 288 * NF4_BYTES + 80
+    cost = plan.paged_rollout_cost(TOY, card, episode, 4, group_size=2, pool_tokens=45, rows_cap=8, speed=speed)
+    assert cost["rows"] == 2 and cost["prefill_tokens"] == 2 * 10 + 4 * (6 + 2 * 16)
+    assert cost["prefill"] == pytest.approx(172 * (2 * 288 + 32 * 30))
+    assert weights + 30 * (16 + 32) < 2 * (2 * 288 + 32 * 30)
+    assert cost["decode"] == pytest.approx(4 * 4 / 2 * 2 * (2 * 288 + 32 * 30))
+    assert plan.paged_rollout_cost(TOY, card, episode, 4, 2, 45, rows_cap=1, speed=speed)["rows"] == 1
+    assert plan.paged_rollout_cost(TOY, card, episode, 4, 2, 10, 8, speed)["rows"] == 1  # under one episode: 1
+    floored = plan.paged_rollout_cost(TOY, card, episode, 4, 2, 45, 8, plan.Speed(paged_decode_floor_s=1e9))
+    assert floored["decode"] == 8 * 1e9
+
+
+def test_the_paged_engines_decode_step_grows_with_the_square_of_its_rows():
+    """Where FLOPs bind (a card of endless bandwidth), SDPA's R x (R x W) query-key pairs make a step of 2R rows
+    cost more than two of R, so a generated token costs more the more rows share a step (vLLM's costs less)."""
+    card = plan.Card("compute-bound", 1, 1e-12, 1e12)
+    speed = plan.Speed(prefill_mfu=1, paged_decode_floor_s=0, vllm_decode_floor_s=0)
+    episode = plan.Episode(opening=1000, messages=2, model_tokens=100, env_tokens=100)
+    tokens = 64 * episode.model_tokens
+
+    def paged_step(rows):  # a pool for all 64 episodes: the rows cap decides
+        return plan.paged_rollout_cost(TOY, card, episode, 64, 8, 10**6, rows, speed)["decode"] * rows / tokens
+
+    def vllm_step(rows):  # a cache of ``rows`` whole episodes
+        return plan.vllm_rollout_cost(TOY, card, episode, 64, 8, rows * 1200, speed)["decode"] * rows / tokens
+
+    assert paged_step(16) > 2 * paged_step(8) and paged_step(32) > 2 * paged_step(16)
+    assert paged_step(32) / 32 > paged_step(8) / 8  # per token: more rows, dearer
+    assert vllm_step(32) / 32 < vllm_step(8) / 8
+
+
+def test_the_paged_engine_reads_each_groups_opening_once():
+    """On the paper recipe's step, like the ground truth: generate re-reads each episode's whole context at every
+    message, the paged engine each task's opening once for its group, then what the environment appends and half
+    a block a message."""
+    recipe, shape = _paper()
+    card, speed = CARD["a100-80gb"], plan.Speed()
+    episode, decode_steps = plan.episode_cases(recipe.rollout, speed)["like the ground truth"]
+    trajectories, group = recipe.grpo.tasks_per_step * recipe.rollout.num_generations, recipe.rollout.num_generations
+    pool = plan.card_paged(recipe, shape, card)
+    paged = plan.paged_rollout_cost(shape, card, episode, trajectories, group, pool, recipe.generation_batch(), speed)
+    generate = plan.rollout_cost(shape, card, episode, trajectories, recipe.generation_batch(),
+                                 plan.card_budget(recipe, shape, card), recipe.rollout.max_new_tokens, decode_steps,
+                                 speed)
+    assert paged["prefill_tokens"] < generate["prefill_tokens"] / 10 and paged["prefill"] < generate["prefill"]
+    alone = plan.paged_rollout_cost(shape, card, episode, trajectories, 1, pool, recipe.generation_batch(), speed)
+    assert alone["prefill_tokens"] - paged["prefill_tokens"] == pytest.approx((trajectories - 32) * episode.opening)
+
+
+def test_the_paged_pool_fits_a_3b_on_a_t4_and_grows_with_the_card():
+    recipe = load_recipe(ROOT / "recipes" / "gpu-24gb.yaml")
+    shape = KNOWN_SHAPES["Qwen/Qwen2.5-3B-Instruct"]
+    on_t4, on_4090 = (plan.card_paged(recipe, shape, CARD[key]) for key in ("t4", "rtx-4090"))
+    assert recipe.rollout.max_context_tokens + plan.PAGED_PREFILL_TOKENS < on_t4 < on_4090
+
+
+def test_a_run_on_the_paged_engine_costs_its_own_rollouts_and_the_same_update():
+    recipe, shape = _paper()
+    speed = plan.Speed()
+    episode, decode_steps = plan.episode_cases(recipe.rollout, speed)["like the ground truth"]
+    runs = {engine: plan.run_cost(recipe, shape, CARD["t4"], episode, speed, decode_steps, engine)
+            for engine in ("generate", "paged")}
+    assert runs["paged"]["hours"] != pytest.approx(runs["generate"]["hours"], rel=0.01)
+    assert runs["paged"]["update"] == runs["generate"]["update"] and "rows" not in runs["paged"]
+    evaluated = plan.evaluation_cost(recipe, shape, CARD["t4"], episode, speed, decode_steps, engine="paged")
+    assert evaluated["prefill_tokens"] == pytest.approx(400 * (episode.length() - episode.model_tokens
+                                                               + episode.messages * plan.PAGED_BLOCK_SIZE / 2))
+    with pytest.raises(ValueError, match="'pagd'.*generate, vllm, paged"):
+        plan.run_cost(recipe, shape, CARD["t4"], episode, speed, decode_steps, "pagd")
+
+
+def test_the_card_plan_prices_paged_rollouts_when_the_recipe_names_them():
+    recipe, shape = _paper()
+    generate, paged = (plan.card_plan(r, shape, CARD["t4"]) for r in (recipe, _paged(recipe)))
+    assert (generate["rollouts"], paged["rollouts"]) == ("generate", "paged")
+    assert paged["pool_tokens"] == plan.card_paged(recipe, shape, CARD["t4"]) and paged["pool_fits"]
+    assert paged["call_gb"] == generate["call_gb"] and paged["update_gb"] == generate["update_gb"]
+    for case, (episode, decode_steps) in plan.episode_cases(recipe.rollout, plan.Speed()).items():
+        run = plan.run_cost(recipe, shape, CARD["t4"], episode, plan.Speed(), decode_steps, "paged")
+        assert paged["hours"][case]["run"] == pytest.approx(run["hours"]) != generate["hours"][case]["run"]
+    wide = _paged(recipe).model_copy(update={"rollout": _paged(recipe).rollout.model_copy(
+        update={"max_context_tokens": paged["pool_tokens"]})})
+    assert not plan.card_plan(wide, shape, CARD["t4"])["pool_fits"]  # no room for a forward pass beside a context
+
+
+def test_the_card_option_says_paged_and_its_pool():
+    result = CliRunner().invoke(main, ["recipe", str(ROOT / "recipes" / "gpu-24gb.yaml"), "--card", "t4", "--set",
+                                       "rollout.backend=paged"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "paged rollouts" in text and "rollouts paged: a KV pool of" in text and "widest generate call" not in text
+    assert "to fit" not in text  # the budget a generate call needs is no concern of the paged engine

@@ -129,6 +129,11 @@ def test_the_plan_for_the_paper_recipe():
     assert with_vllm["update"] == a100["cases"]["like the ground truth"]["run"]["update"]
     assert with_vllm["prefill_tokens"] < a100["cases"]["like the ground truth"]["run"]["prefill_tokens"] / 10
     assert not any("vllm" in case for case in design["cards"][-1]["cases"])  # the T4
+    # the paged engine on every card, the T4 included, its pool the memory model's, the update generate's too
+    for row in design["cards"]:
+        assert row["paged_pool_tokens"] == plan.card_paged(recipe, shape, row["card"]) > 0
+        paged, generate = (row["cases"][f"like the ground truth{engine}"]["run"] for engine in (", paged", ""))
+        assert paged["update"] == generate["update"] and paged["prefill_tokens"] < generate["prefill_tokens"] / 10
     h100 = design["cards"][1]["cases"]["like the ground truth"]["run"]
     assert h100["prefill"] == pytest.approx(a100["cases"]["like the ground truth"]["run"]["prefill"] * 312 / 989)
 
@@ -143,12 +148,17 @@ def test_the_plan_for_the_paper_recipe():
 
 def test_the_plan_prints_cost_and_power_and_says_what_three_seeds_cannot_do(capsys):
     script = _script()
-    script.print_plan(script.plan(3, []))
+    design = script.plan(3, [])
+    script.print_plan(design)
     text = capsys.readouterr().out
     assert "ESTIMATED GPU hours" in text and "assumptions" in text and "| A100 80GB (80 GB) | 212,992 (13) |" in text
     assert "2/8 = 0.25, so it can never reach 0.05" in text and "6 pairs is the fewest" in text
     assert "+9.5" in text and "72 steps x 32 tasks x G = 8 = 18,432 episodes" in text
     assert "| T4 (15 GB) | generate only: older than Ampere |" in text and "| rollout.vllm_memory (KV tokens) |" in text
+    paged = text.split("With paged rollouts")[1]
+    assert "| KV pool tokens (episodes of 16k) |" in paged and "a paged step at least 30 ms" in paged
+    t4_pool = design["cards"][-1]["paged_pool_tokens"]
+    assert "SDPA without flash attention" in paged and f"| T4 (15 GB) | {t4_pool:,} ({t4_pool // 16384}) |" in paged
 
 
 def test_the_measured_episodes_count_the_datas_calls_and_turns():
