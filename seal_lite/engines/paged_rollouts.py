@@ -114,11 +114,6 @@ class PagedGenerator:
             while processor.prepare_next_batch():
                 processor._generation_step(manager.model)
                 processor.update_batch()
-                active = processor.scheduler.active_requests
-                for key, request_id in list(reading.items()):  # a prefix is read once its request has a token
-                    state = active.get(request_id)
-                    if state is None or state.generated_len() > 0:
-                        del reading[key]
                 for output in _finished(manager):
                     if output.error is not None:
                         raise RuntimeError(f"transformers' continuous batching failed a request: {output.error}")
@@ -130,6 +125,10 @@ class PagedGenerator:
                     if follow is not None:
                         messages[row] += 1
                         request(row, *follow)
+                for key, request_id in list(reading.items()):  # a prefix is read once its request has a token
+                    state = processor.scheduler.active_requests.get(request_id)
+                    if request_id not in live or (state is not None and state.generated_len() > 0):
+                        del reading[key]
                 start_waiting()
             self.cached_tokens += processor.cache._total_prefix_length
         return last

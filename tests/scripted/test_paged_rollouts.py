@@ -81,6 +81,17 @@ def test_the_generator_samples_from_the_models_distribution_and_leaves_the_model
     assert generator.generate(prompts, max_new_tokens=12, temperature=0.8) != first  # the next step does not
 
 
+def test_rows_that_do_not_fit_the_pool_wait_for_room_and_play_alike(policy, smol_tokenizer):
+    """Six rows of 240-420 tokens and 60 new each in a pool of 700 tokens: at most two fit at once, the others wait
+    (or are set back and read again) and every row still gets generate's greedy tokens, with a log-prob each."""
+    prompts = [smol_tokenizer(f"Task {n}: list the files, then sort them. " * (20 + 3 * n))["input_ids"]
+               for n in range(6)]
+    generator = PagedGenerator(policy, smol_tokenizer, cache_tokens=700)
+    greedy = generator.generate(prompts, max_new_tokens=60, temperature=0.0)
+    assert greedy == TransformersGenerator(policy, smol_tokenizer).generate(prompts, 60, 0.0)
+    assert [len(logprobs) for logprobs in generator.sampled_logprobs] == [len(ids) for ids in greedy]
+
+
 def test_a_group_reads_its_opening_once_and_each_message_only_what_came_after_its_blocks(policy, smol_tokenizer):
     opening = smol_tokenizer("You are a file system agent. Tools: ls, cd, sort. " * 16)["input_ids"]
     appended = smol_tokenizer(" The tool says: a.txt b.txt c.txt.")["input_ids"]
