@@ -149,7 +149,7 @@ def write_recipe(path: Path, model_dir: Path) -> None:
         "policy": {"model": str(model_dir), "dtype": "float32"},
         "data": {"task_ids": ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2"]},
         "rollout": {"num_generations": 4, "max_new_tokens": 12, "max_model_calls": 1, "max_turns": 1,
-                    "parser": "lenient"},
+                    "parser": "lenient", "backend": "transformers"},  # the engine the scripted policy goes through
         "interface": {"tool_format": "signatures"},
         # answers must not depend on the machine's load: a request never times out here
         "diagnoser": {"mode": "in_process", "model": "smollm2-135m", "max_per_step": 1, "max_tokens": 32,

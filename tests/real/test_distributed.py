@@ -92,7 +92,7 @@ def setup(tmp_path_factory, tiny_model_dir):
         "policy": {"model": tiny_model_dir, "dtype": "float32"},
         "data": {"task_ids": [f"multi_turn_base_{index}" for index in range(4)]},
         "rollout": {"num_generations": 4, "max_new_tokens": 12, "max_model_calls": 1, "max_turns": 1,
-                    "parser": "lenient"},
+                    "parser": "lenient", "backend": "transformers"},  # the engine the scripted policy is routed through
         "interface": {"tool_format": "signatures"},
         "diagnoser": {"mode": "off"},
         # groups of odd tasks have no signal: dynamic sampling replaces them, rolling out spare tasks on both ranks

@@ -57,7 +57,8 @@ def recipe_file(tmp_path, tiny_model_dir):
         "policy": {"model": tiny_model_dir, "dtype": "float32"},
         "data": {"task_ids": ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2"]},
         "rollout": {"num_generations": 4, "max_new_tokens": 12, "max_model_calls": 1, "max_turns": 1,
-                    "parser": "lenient"},  # the random model then wins some groups: updates really run
+                    "parser": "lenient",  # the random model then wins some groups: updates really run
+                    "backend": "transformers"},  # the engine the scripted policy is routed through
         "interface": {"tool_format": "signatures"},  # short prompts: this tests the store and checkpoints
         "diagnoser": {"mode": "off"},
         "grpo": {"steps": 3, "tasks_per_step": 1, "learning_rate": 1e-2},

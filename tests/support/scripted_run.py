@@ -3,7 +3,8 @@
 A random policy never passes a BFCL task, so every GRPO advantage would be 0 and the update a no-op. The harnesses
 of tests/real/test_resume.py, tests/real/test_distributed.py and benchmarks/kill_resume.py therefore route each
 message the transformers engine generates through a script that may answer with the task's ground truth instead:
-groups then mix rewards 1 and 0, and the LoRA weights and optimizer moments really change.
+groups then mix rewards 1 and 0, and the LoRA weights and optimizer moments really change. Their recipes name
+``rollout.backend: transformers`` (on a CPU, auto would pick the paged engine for their tiny model).
 
 The patch replaces module globals of seal_lite (``algorithm.rollout_groups``, ``screen.rollout_groups``,
 ``TransformersGenerator.generate``): a rename there breaks these harnesses, which is why this is test scaffolding
