@@ -9,10 +9,11 @@ is copied, exported or synced after an update, and it runs wherever transformers
   and the episode's next request joins the running batch; no episode waits for a round's longest message, and
   prompts are read in chunks of ``PREFILL_TOKENS`` beside the decoding rows instead of one padded batch.
 * **Prefix blocks**: the KV cache is a pool of ``BLOCK_SIZE``-token blocks, each complete block keyed by the hash of
-  every token up to its end. A request finds the blocks of its prefix that any earlier request computed, so a
-  group's opening is read once (the group's other episodes wait until the first has read it: ``_play``), and an
-  episode's next message reads only what came after its last complete block: what the environment appended, and at
-  most ``BLOCK_SIZE`` - 1 tokens again.
+  every token up to its end. A request finds the blocks of its prefix that any earlier request computed. A
+  group's opening is read once: an episode whose opening shares at least half its tokens with one being read (its
+  group's, or a task's with the same tool block) waits until that one is read, then starts from its blocks
+  (``_play``). An episode's next message reads only what came after its last complete block: what the
+  environment appended, and at most ``BLOCK_SIZE`` - 1 tokens again.
 * **Never across an update**: the key holds the tokens, not the weights. The pool lives for one call (a step's
   rollouts, an evaluation's batch), so no block computed before an update is found after it, and the update gets
   the memory back.
@@ -87,7 +88,7 @@ class PagedGenerator:
         messages = [0] * len(batch)
         waiting = list(enumerate(zip(batch, budgets, strict=True)))[::-1]  # popped from the end: row 0 first
         live: dict[str, int] = {}  # request id: row
-        reading: dict[tuple, str] = {}  # a prompt's first block: the request reading it, until its prefill is done
+        reading: dict[str, list[int]] = {}  # an opening being read (request id: its prompt), until it has a token
         seed = int(np.random.SeedSequence([*self.seed, self.calls]).generate_state(1)[0])
         with self.mode(self.model), _continuous_batching(self.model, temperature, self.stop_ids, self.cache_tokens,
                                                          seed) as (manager, processor):
@@ -97,15 +98,15 @@ class PagedGenerator:
                 manager.add_request(list(ids), request_id=request_id, max_new_tokens=max(1, budget),
                                     eos_token_id=self.stop_ids)
                 live[request_id] = row
-                if messages[row] == 0 and len(ids) > BLOCK_SIZE:  # an opening: others may share it
-                    reading.setdefault(tuple(ids[:BLOCK_SIZE]), request_id)
+                if messages[row] == 0:  # an opening: the rows that share most of it wait until it is read
+                    reading[request_id] = ids
 
             def start_waiting() -> None:
                 held = []
                 while waiting and len(live) < (max_live or len(batch)):
                     row, (ids, budget) = waiting.pop()
-                    if tuple(ids[:BLOCK_SIZE]) in reading:  # another request is reading this prefix: wait for it
-                        held.append((row, (ids, budget)))
+                    if any(2 * _common_prefix(ids, other) >= len(ids) for other in reading.values()):
+                        held.append((row, (ids, budget)))  # its group's opening, or the same tool block: wait
                         continue
                     request(row, ids, budget)
                 waiting.extend(held[::-1])
@@ -125,13 +126,18 @@ class PagedGenerator:
                     if follow is not None:
                         messages[row] += 1
                         request(row, *follow)
-                for key, request_id in list(reading.items()):  # a prefix is read once its request has a token
+                for request_id in list(reading):  # an opening is read once its request has a token
                     state = processor.scheduler.active_requests.get(request_id)
                     if request_id not in live or (state is not None and state.generated_len() > 0):
-                        del reading[key]
+                        del reading[request_id]
                 start_waiting()
             self.cached_tokens += processor.cache._total_prefix_length
         return last
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens ``a`` and ``b`` share from their start."""
+    return next((index for index, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _finished(manager) -> list:
