@@ -165,10 +165,13 @@ def print_design(design: dict) -> None:
           f"draws the same tasks in the same order in both arms); each trained model and the base model evaluated "
           f"greedily on the 400 held-out tasks (data/eval_ids.txt, 100 a category). {2 * seeds} runs, "
           f"{2 * seeds + 1} evaluations.")
+    rollout = recipe.rollout
+    trained = (f"the update on the first {rollout.trained_tokens()} tokens after the prompt" if rollout.trained_tokens()
+               else f"at most {rollout.episode_token_cap()} model tokens")
     print(f"One run: {recipe.grpo.steps} steps x {recipe.grpo.tasks_per_step} tasks x G = "
-          f"{recipe.rollout.num_generations} = {recipe.grpo.steps * per_step:,} episodes; at most "
-          f"{recipe.rollout.max_model_calls} model messages, {recipe.rollout.max_response_tokens} response tokens and "
-          f"a {recipe.rollout.max_context_tokens:,}-token context each.")
+          f"{rollout.num_generations} = {recipe.grpo.steps * per_step:,} episodes; each at most "
+          f"{rollout.max_model_calls} model messages of {rollout.max_new_tokens} tokens in a "
+          f"{rollout.max_context_tokens:,}-token context, {trained} (rollout.budget {rollout.budget}).")
     print("\nEpisodes (tokens, means): measured ones play like the ground truth (the official view, Qwen2.5's "
           f"tokenizer, the BFCL data; {ANSWER_TOKENS} tokens per text answer assumed); the bound spends every budget.")
     print("| episode | opening | model messages | model tokens | environment tokens | final length |")

@@ -70,7 +70,7 @@ def ground_truth_episode(measured: dict) -> Episode:
 
 def budget_episode(rollout, opening: float) -> Episode:
     """An episode that spends its whole budget: every model call, every response token, the context filled."""
-    model = rollout.max_response_tokens or rollout.max_model_calls * rollout.max_new_tokens
+    model = rollout.episode_token_cap() or rollout.max_model_calls * rollout.max_new_tokens
     model = min(model, rollout.max_context_tokens - opening)
     return Episode(opening, rollout.max_model_calls, model, max(0.0, rollout.max_context_tokens - opening - model))
 
@@ -246,6 +246,14 @@ def update_cost(shape, card: Card, episode: Episode, trajectories: int, context:
     return {"trained_tokens": trajectories * length, "update": flops / (card.tflops * 1e12 * speed.update_mfu)}
 
 
+def trained_length(rollout, episode: Episode) -> float:
+    """The most tokens of one trajectory the update reads: its context, and with ``rollout.budget: release`` the
+    prompt and the first ``max_response_tokens`` after it."""
+    if (trained := rollout.trained_tokens()) is not None:
+        return min(rollout.max_context_tokens, episode.opening + trained)
+    return rollout.max_context_tokens
+
+
 def update_passes(recipe) -> int:
     """Forward-sized passes of the update over each trained token. In each PPO epoch (grpo.num_iterations): the
     forward, the backward (input gradients only, the frozen weights need none of their own: as much as a forward)
@@ -301,7 +309,7 @@ def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_s
     budget = card_budget(recipe, shape, card)
     rollout = engine_cost(recipe, shape, card, episode, trajectories, recipe.rollout.num_generations, speed,
                           decode_steps, engine)
-    update = update_cost(shape, card, episode, trajectories, recipe.rollout.max_context_tokens,
+    update = update_cost(shape, card, episode, trajectories, trained_length(recipe.rollout, episode),
                          update_passes(recipe), speed, recompute_passes(recipe))
     step = {**rollout, **update, "generated_tokens": trajectories * episode.model_tokens}
     step.pop("rows", None)

@@ -118,8 +118,16 @@ class RolloutConfig(Section):
         "as in the paper). Evaluation never caps a turn: it ends when the model answers without a tool call.",
     )
     max_response_tokens: int | None = Field(
-        None, ge=8, description="Tokens the model may generate per episode, over all its messages (paper: 4096; "
-        "None: no budget beyond max_model_calls x max_new_tokens). Checked after each message.",
+        None, ge=8, description="The response budget, in tokens (paper: 4096; None: none). With budget "
+        "model_tokens, what the model may generate per episode over all its messages, checked after each message; "
+        "with budget release, what the update trains on: the first this many tokens after the prompt.",
+    )
+    budget: Literal["model_tokens", "release"] = Field(
+        "model_tokens", description="What max_response_tokens bounds. model_tokens: the episode, which ends once "
+        "the model has written that many tokens; the update trains on all of them. release: the update, as the "
+        "SEAL release does: the episode runs until max_model_calls or until its context is within max_new_tokens "
+        "of max_context_tokens, and the update trains on the first max_response_tokens tokens after the prompt, "
+        "model and environment tokens alike (environment tokens still carry no loss).",
     )
     parser: Literal["strict", "lenient"] = Field(
         "strict",
@@ -172,6 +180,15 @@ class RolloutConfig(Section):
         "engine and under the trained model differ by more than this carries no loss (the two engines disagree on "
         "it).",
     )
+
+    def episode_token_cap(self) -> int | None:
+        """The most tokens the model may write in one episode (``budget`` model_tokens), or None."""
+        return self.max_response_tokens if self.budget == "model_tokens" else None
+
+    def trained_tokens(self) -> int | None:
+        """The most tokens after the prompt the update trains on, environment tokens counted (``budget``
+        release), or None: all of them."""
+        return self.max_response_tokens if self.budget == "release" else None
 
     @model_validator(mode="after")
     def _budget_holds_a_sequence(self) -> RolloutConfig:

@@ -56,7 +56,7 @@ class StopReason(_Name):
 
     DONE = "done"  # every user turn was played
     CALL_BUDGET = "call_budget"  # rollout.max_model_calls
-    RESPONSE_BUDGET = "response_budget"  # rollout.max_response_tokens
+    RESPONSE_BUDGET = "response_budget"  # rollout.max_response_tokens (budget model_tokens)
     CONTEXT = "context"  # the next message would not fit rollout.max_context_tokens
 
 
@@ -224,20 +224,23 @@ class RolloutBatch:
 
     @classmethod
     def from_trajectories(cls, trajectories: list[Trajectory], rewards: list[float], advantages: list[float],
-                          step_signal: bool | None = None) -> RolloutBatch:
+                          step_signal: bool | None = None, trained_tokens: int | None = None) -> RolloutBatch:
         """The batch of ``trajectories`` (in TRL's prompt order) with their rewards and final advantages; the
         sampling engine's log-probs go along when every trajectory has them. ``step_signal``: whether the step
-        (all processes' batches) has any non-zero advantage, when this batch is only a part of it."""
+        (all processes' batches) has any non-zero advantage, when this batch is only a part of it.
+        ``trained_tokens``: each completion cut to its first that many tokens, environment tokens counted
+        (``rollout.budget: release``); the rewards stay the whole episode's."""
         if not len(trajectories) == len(rewards) == len(advantages):
             raise ValueError(f"{len(trajectories)} trajectories, {len(rewards)} rewards and {len(advantages)} "
                              "advantages: give one of each per trajectory")
+        window = slice(0, trained_tokens)
         return cls(
             prompt_ids=[t.prompt_ids for t in trajectories],
-            completion_ids=[t.completion_ids for t in trajectories],
-            env_mask=[t.env_mask for t in trajectories],
+            completion_ids=[t.completion_ids[window] for t in trajectories],
+            env_mask=[t.env_mask[window] for t in trajectories],
             rewards=list(rewards),
             advantages=list(advantages),
-            sampled_logprobs=([t.sampled_logprobs for t in trajectories]
+            sampled_logprobs=([t.sampled_logprobs[window] for t in trajectories]
                               if all(t.sampled_logprobs is not None for t in trajectories) else None),
             step_signal=step_signal,
         )

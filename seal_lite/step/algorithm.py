@@ -190,9 +190,11 @@ class SealStep:
             self.interface, self.version = evolved
         self.progress.step_finished(self.step, metrics)
         self.rollouts_done_at = time.time()
+        trained = self.recipe.rollout.trained_tokens()  # budget release: the update sees each episode's start
         if distributed.world_size() == 1:
-            return RolloutBatch.from_trajectories(trajectories, reward, weighted)
-        return RolloutBatch.from_trajectories(trajectories[mine], reward[mine], weighted[mine], any(weighted))
+            return RolloutBatch.from_trajectories(trajectories, reward, weighted, trained_tokens=trained)
+        return RolloutBatch.from_trajectories(trajectories[mine], reward[mine], weighted[mine], any(weighted),
+                                              trained_tokens=trained)
 
     def _shuffled(self, reward: list[float]) -> list[float]:
         """Each group's rewards permuted among its G trajectories, in an order fixed by seed and step (every process

@@ -254,11 +254,11 @@ def _play_continuously(active: list[_Episode], generator: Generator, rollout: Ro
 
 
 def _message_budget(episodes: list[_Episode], rollout: RolloutConfig) -> int:
-    """The most tokens the episodes' next message may have. The response budget is checked after each message,
+    """The most tokens the episodes' next message may have. An episode's token cap is checked after each message,
     so a message never starts past it; a batch of episodes gets the largest of their budgets."""
-    if rollout.max_response_tokens is None:
+    if (cap := rollout.episode_token_cap()) is None:
         return rollout.max_new_tokens
-    return min(rollout.max_new_tokens, max(rollout.max_response_tokens - e.response_tokens() for e in episodes))
+    return min(rollout.max_new_tokens, max(cap - e.response_tokens() for e in episodes))
 
 
 def _trajectory(e: _Episode, sampled: bool) -> Trajectory:
@@ -322,7 +322,7 @@ def _advance(e: _Episode, ids: list[int], logprobs: list[float] | None, rollout:
     if e.model_calls >= rollout.max_model_calls:
         e.stop_reason = StopReason.CALL_BUDGET if unfinished else StopReason.DONE
         return
-    if rollout.max_response_tokens is not None and e.response_tokens() >= rollout.max_response_tokens:
+    if (cap := rollout.episode_token_cap()) is not None and e.response_tokens() >= cap:
         e.stop_reason = StopReason.RESPONSE_BUDGET if unfinished else StopReason.DONE
         return
     if not outcomes or (rollout.max_calls_per_turn is not None and e.calls_in_turn >= rollout.max_calls_per_turn):

@@ -100,11 +100,12 @@ def test_the_plan_for_the_paper_recipe():
 
     shape = KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"]
     budgets = {card.memory_gb: plan.card_budget(recipe, shape, card) for card in plan.CARDS}
-    assert budgets == {80: 212_992, 48: 114_688, 24: 49_152, 15: 16_384}  # the smaller engine's, 1024 new tokens
+    assert budgets == {80: 212_992, 48: 131_072, 24: 49_152, 15: 16_384}  # the smaller engine's, 4096 new tokens
     assert recipe.rollout.generation_token_budget == budgets[80]
 
-    bound = plan.budget_episode(recipe.rollout, 4946)
-    assert (bound.messages, bound.model_tokens, bound.env_tokens, bound.length()) == (20, 4096, 7342, 16384)
+    bound = plan.budget_episode(recipe.rollout, 4946)  # budget release: no cap on model tokens, the context's
+    assert (bound.messages, bound.model_tokens, bound.env_tokens, bound.length()) == (20, 16384 - 4946, 0, 16384)
+    assert plan.trained_length(recipe.rollout, bound) == 4946 + 4096  # the update: the prompt and 4096 after it
     expected = plan.ground_truth_episode(plan.MEASURED_EPISODES["train"])
     assert expected.messages == pytest.approx(5.71 + 4.16)
     assert expected.model_tokens == pytest.approx(226.6 + 40 * 4.16)
