@@ -25,7 +25,7 @@ def rollout_backend(recipe: Recipe) -> str:
 def rollout_choice(recipe: Recipe, gpu: bool | None = None) -> tuple[str, str]:
     """(backend, why) for ``rollout.backend``; ``gpu``: whether torch sees a GPU (None: ask torch). auto picks the
     engine measured faster where it runs (docs/rollouts.md): without a GPU, llama.cpp when the policy comes from a
-    GGUF, else paged (2.1x generate's speed on the same episodes: benchmarks/rollout_engines.py); on a GPU,
+    GGUF, else paged (3.5x generate's speed on the same episodes: benchmarks/rollout_engines.py); on a GPU,
     transformers generate, until a GPU has measured paged and vLLM against it (they run when named)."""
     if recipe.rollout.backend != "auto":
         return recipe.rollout.backend, "rollout.backend"
