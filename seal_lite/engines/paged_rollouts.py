@@ -166,6 +166,7 @@ def _continuous_batching(model, temperature: float, stops: list[int], cache_toke
         block_size=BLOCK_SIZE, num_blocks=-(-cache_tokens // BLOCK_SIZE), max_batch_tokens=PREFILL_TOKENS,
         return_logprobs=True, seed=seed,
         use_async_batching=False,  # driven step by step from this thread (its batches do not depend on timing)
+        disable_nccl_graph_mixing=False,  # no tensor parallelism: nothing to set in NCCL's environment
     )
     devices = [transformers_model.device] if transformers_model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # the trainer's own random state is not touched
