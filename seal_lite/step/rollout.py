@@ -2,12 +2,13 @@
 
 ``rollout_groups`` plays G episodes of each of several tasks together: a step's tasks x G at once, an
 evaluation's or a screen's every task. With transformers, in rounds: every round of model calls is one batched
-generation of at most ``rollout.generation_batch_size`` sequences. With llama.cpp and vLLM, continuously
+generation of at most ``rollout.generation_batch_size`` sequences. With paged, llama.cpp and vLLM, continuously
 (``generate_continuously``): an episode's next message starts as soon as its last one is applied, while the
 others still decode, and at most ``generation_batch_size`` episodes play at once, the next one starting when one
 ends. ``on_group`` sees each task's group as soon as its last episode ends.
 Every engine shares what those sequences have in common: transformers in one padded batch, llama.cpp in one
-KV cache where each shared prefix is read once (``by_shared_prefix`` orders tasks so that neighbours share most).
+KV cache where each shared prefix is read once (``by_shared_prefix`` orders tasks so that neighbours share most),
+paged and vLLM in prefix blocks.
 Each episode keeps the exact token ids the policy saw, with ``env_mask`` = 1 on tokens the policy generated
 and 0 on everything the environment wrote (system prompt, user turns, tool results, chat-template glue):
 only model tokens carry loss.
@@ -40,11 +41,12 @@ from seal_lite.envs.bfcl import Environment, Task, additional_functions_prompt
 
 class Generator(Protocol):
     """A policy that continues token sequences. Returns only the new ids, ending with a stop token if one
-    was produced. A generator that samples with another engine than the trained model (llama.cpp) also sets
-    ``sampled_logprobs``: the log-probability of each returned token under that engine. One that also has
-    ``generate_continuously`` (seal_lite/engines/llamacpp.py, vllm_rollouts.py) plays whole episodes in one call,
-    through a hook that applies each message as it ends; one with ``release`` (vLLM) is told when a step's rollouts
-    are done, to give its memory back for the update."""
+    was produced. A generator that samples with another engine than the trained model (llama.cpp), or through
+    another attention kernel (paged), also sets ``sampled_logprobs``: the log-probability of each returned token
+    under that engine. One that also has ``generate_continuously`` (seal_lite/engines/llamacpp.py,
+    paged_rollouts.py, vllm_rollouts.py) plays whole episodes in one call, through a hook that applies each
+    message as it ends; one with ``release`` (vLLM) is told when a step's rollouts are done, to give its memory
+    back for the update."""
 
     tokenizer: object
 
