@@ -83,3 +83,37 @@ class HalfRightOnSome:
             reply = tool_call_text(task.ground_truth[0]) if right else "I cannot do that."
             out.append(self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id])
         return out
+
+
+def randomize_lora(model, seed: int = 1) -> None:
+    """A trained LoRA: every B, zero when peft made it, drawn from N(0, 0.5²) by ``seed``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+
+
+def torch_logprobs(model, prompt: list[int], completion: list[int], temperature: float):
+    """log softmax(logits / T) of ``completion``'s tokens after ``prompt`` under ``model`` (T 0: the raw logits)."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+    scaled = logits / temperature if temperature > 0 else logits
+    return torch.log_softmax(scaled, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def largest_engine_gap(model, batch, temperature: float) -> float:
+    """The largest |log p_model − log p_engine| over the model tokens of a step's ``batch`` (a RolloutBatch with
+    the engine's ``sampled_logprobs``)."""
+    import torch
+
+    gaps = []
+    for prompt, completion, mask, sampled in zip(batch.prompt_ids, batch.completion_ids, batch.env_mask,
+                                                 batch.sampled_logprobs, strict=True):
+        reference = torch_logprobs(model, prompt, completion, temperature)
+        gaps.append((reference - torch.tensor(sampled))[torch.tensor(mask).bool()].abs().max().item())
+    return max(gaps)

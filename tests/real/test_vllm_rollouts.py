@@ -33,6 +33,7 @@ from seal_lite.engines.vllm_rollouts import VllmGenerator, bnb_plugin_missing, v
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.step.algorithm import SealStep
 from seal_lite.training import grpo
+from tests.helpers import largest_engine_gap, randomize_lora, torch_logprobs
 
 if (missing := vllm_missing()) is not None:
     pytest.skip(missing, allow_module_level=True)
@@ -54,13 +55,6 @@ def vllm_tiny_dir(tmp_path_factory, smol_tokenizer):
     LlamaForCausalLM(config).save_pretrained(path)
     smol_tokenizer.save_pretrained(path)
     return str(path)
-
-
-def torch_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
-    scaled = logits / temperature if temperature > 0 else logits
-    return torch.log_softmax(scaled, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 
 def test_the_generator_samples_from_the_models_distribution_and_reads_only_new_tokens(vllm_tiny_dir, smol_tokenizer,
@@ -139,11 +133,7 @@ def test_two_seal_steps_sample_with_the_lora_the_trainer_holds(tmp_path, vllm_ti
     # A random model fails every episode, so the advantages are 0: a non-zero adapter gives the KL term (beta) a
     # gradient, and each step then updates the LoRA.
     lora = {name: p for name, p in trainer.model.named_parameters() if "lora_" in name}
-    seed = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, parameter in lora.items():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=seed) * 0.5)
+    randomize_lora(trainer.model)
     gaps, handed, batches = [], [], []
     log_gap = trainer._log_engine_gap
     trainer._log_engine_gap = lambda gap: (gaps.append(gap), log_gap(gap))
@@ -175,13 +165,7 @@ def test_two_seal_steps_sample_with_the_lora_the_trainer_holds(tmp_path, vllm_ti
         for name, parameter in lora.items():
             parameter.copy_(handed[0][name])
     trainer.model.eval()
-    stale = []
-    for prompt, completion, mask, sampled in zip(batches[1].prompt_ids, batches[1].completion_ids,
-                                                 batches[1].env_mask, batches[1].sampled_logprobs, strict=True):
-        model_tokens = torch.tensor(mask).bool()
-        reference = torch_logprobs(trainer.model, prompt, completion, 0.9)
-        stale.append((reference - torch.tensor(sampled))[model_tokens].abs().max().item())
-    assert max(stale) > 0.05
+    assert largest_engine_gap(trainer.model, batches[1], 0.9) > 0.05
 
     # every episode played two turns; the second message of each found at least its first prompt's whole blocks
     rows = store.trajectories(step=2)
@@ -254,11 +238,7 @@ def test_a_4bit_policy_plays_on_vllm_with_its_lora(tmp_path, vllm_tiny_dir):
     policy = load_policy(vllm_tiny_dir, recipe)
     model = get_peft_model(policy.model, policy.peft_config)
     assert count_linear4bit(model) == 2 * 7
-    seed = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # a trained LoRA: B is no longer zero
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=seed) * 0.5)
+    randomize_lora(model)  # a trained LoRA: B is no longer zero
     model.eval()
     prompts = [policy.tokenizer(f"Task {n}: list the files, then sort them.")["input_ids"] for n in range(2)]
 

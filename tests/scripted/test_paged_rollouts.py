@@ -13,6 +13,8 @@ model itself, on a tiny random Llama with SmolLM2's tokenizer, fp32, so both pat
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -27,6 +29,7 @@ from seal_lite.engines.transformers_generate import TransformersGenerator
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.step.algorithm import SealStep
 from seal_lite.training import grpo
+from tests.helpers import largest_engine_gap, randomize_lora, torch_logprobs
 
 TASK_ID = "multi_turn_base_0"
 
@@ -36,22 +39,8 @@ def policy(tiny_model_dir):
     """The tiny model with a LoRA whose B is not zero (a trained adapter), in training mode as TRL holds it."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"]))
-    _randomize_lora(model, seed=1)
+    randomize_lora(model, seed=1)
     return model.train()
-
-
-def _randomize_lora(model, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-
-
-def torch_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
-    return torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 
 def test_the_generator_samples_from_the_models_distribution_and_leaves_the_model_as_it_was(policy, smol_tokenizer):
@@ -141,7 +130,7 @@ def test_two_seal_steps_sample_with_the_lora_the_trainer_holds_and_no_stale_bloc
     trainer = grpo.build_trainer(policy, recipe, [task.id], lambda task_ids: step(task_ids), str(tmp_path / "trl"))
     # A random model fails every episode, so the advantages are 0: a non-zero adapter gives the KL term (beta) a
     # gradient, and each step then updates the LoRA.
-    _randomize_lora(trainer.model, seed=1)
+    randomize_lora(trainer.model, seed=1)
     lora = {name: p for name, p in trainer.model.named_parameters() if "lora_" in name}
     gaps, held, batches = [], [], []
     log_gap = trainer._log_engine_gap
@@ -168,12 +157,7 @@ def test_two_seal_steps_sample_with_the_lora_the_trainer_holds_and_no_stale_bloc
         for name, parameter in lora.items():
             parameter.copy_(held[0][name])
     trainer.model.eval()
-    stale = []
-    for prompt, completion, mask, sampled in zip(batches[1].prompt_ids, batches[1].completion_ids,
-                                                 batches[1].env_mask, batches[1].sampled_logprobs, strict=True):
-        reference = torch_logprobs(trainer.model, prompt, completion, 0.9)
-        stale.append((reference - torch.tensor(sampled))[torch.tensor(mask).bool()].abs().max().item())
-    assert max(stale) > 0.05
+    assert largest_engine_gap(trainer.model, batches[1], 0.9) > 0.05
     rows = store.trajectories(step=2)
     assert len(rows) == 2 and all(row["num_model_calls"] == 2 for row in rows)
 
@@ -191,29 +175,18 @@ def test_a_pool_kept_across_an_update_would_be_caught(policy, smol_tokenizer, mo
         if "pool" not in kept:
             kept["context"] = fresh(model, temperature, stops, cache_tokens, seed)  # never left: its pool stays
             kept["pool"] = kept["context"].__enter__()
-        return _Kept(kept["pool"])
+        return contextlib.nullcontext(kept["pool"])
 
     generator = PagedGenerator(policy, smol_tokenizer, cache_tokens=4096)
     monkeypatch.setattr(paged_rollouts, "_continuous_batching", one_pool)
     generator.generate([prompt], max_new_tokens=4, temperature=0.8)
-    _randomize_lora(policy, seed=2)  # the update
+    randomize_lora(policy, seed=2)  # the update
     [ids] = generator.generate([prompt], max_new_tokens=4, temperature=0.8)
     policy.get_base_model().set_attn_implementation("sdpa")
     policy.eval()
     gap = (torch_logprobs(policy, prompt, ids, 0.8) - torch.tensor(generator.sampled_logprobs[0])).abs().max()
     assert gap > 0.05
     kept["context"].__exit__(None, None, None)
-
-
-class _Kept:
-    def __init__(self, pool):
-        self.pool = pool
-
-    def __enter__(self):
-        return self.pool
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_a_4bit_policy_plays_with_its_lora(tiny_model_dir, smol_tokenizer):
@@ -224,7 +197,7 @@ def test_a_4bit_policy_plays_with_its_lora(tiny_model_dir, smol_tokenizer):
     policy = load_policy(tiny_model_dir, recipe)
     model = get_peft_model(policy.model, policy.peft_config)
     assert count_linear4bit(model) == 2 * 7
-    _randomize_lora(model, seed=1)
+    randomize_lora(model, seed=1)
     prompt = smol_tokenizer("List the files in the current directory, then sort them by name.")["input_ids"]
     generator = PagedGenerator(model, smol_tokenizer, cache_tokens=2048)
     [ids] = generator.generate([prompt], max_new_tokens=8, temperature=1.0)
