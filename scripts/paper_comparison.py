@@ -195,15 +195,12 @@ def print_cost(design: dict) -> None:
           f"| total, {2 * seeds} runs + {2 * seeds + 1} evaluations, h | whole-budget bound, total h |")
     print("|---|---|---|---|---|---|")
     for row in design["cards"]:
-        card, expected, bound = row["card"], row["cases"]["like the ground truth"], row["cases"]["whole budget"]
-        run = expected["run"]
-        parts = " + ".join(f"{run[key] / 3600:.1f}" for key in ("prefill", "decode", "update"))
+        card = row["card"]
         setting = "" if row["budget"] == recipe.rollout.generation_token_budget else \
             f" (--set rollout.generation_token_budget={row['budget']})"
         fits = "" if update_gb < 0.9 * card.memory_gb else ", update tight"
         print(f"| {card.name} ({card.memory_gb} GB{fits}) | {row['budget']:,} ({row['rows']}){setting} | "
-              f"{parts} = {run['hours']:.0f} | {expected['evaluation']['hours']:.1f} | {expected['total']:,.0f} | "
-              f"{bound['total']:,.0f} |")
+              f"{hours_cells(row, '')}")
     print(f"Assumed (not measured): prefill at {speed.prefill_mfu:.0%} and the update at {speed.update_mfu:.0%} of the "
           f"card's 16-bit peak; decode at {speed.bandwidth_share:.0%} of its bandwidth and at least "
           f"{speed.decode_floor_s * 1000:.0f} ms a step; a generate call decodes {speed.longest_message} steps "
@@ -230,16 +227,22 @@ def print_cost(design: dict) -> None:
         if not card.vllm:
             print(f"| {card.name} ({card.memory_gb} GB) | generate only: older than Ampere | | | | |")
             continue
-        expected, bound = row["cases"]["like the ground truth, vllm"], row["cases"]["whole budget, vllm"]
-        run = expected["run"]
-        parts = " + ".join(f"{run[key] / 3600:.1f}" for key in ("prefill", "decode", "update"))
         print(f"| {card.name} ({card.memory_gb} GB) | {row['vllm_memory']:.2f} ({row['vllm_cache_tokens']:,}) | "
-              f"{parts} = {run['hours']:.0f} | {expected['evaluation']['hours']:.1f} | {expected['total']:,.0f} | "
-              f"{bound['total']:,.0f} |")
+              f"{hours_cells(row, ', vllm')}")
     print(f"Assumed (not measured): a vLLM decode step at least {speed.vllm_decode_floor_s * 1000:.0f} ms; the rest "
           f"as above. A run reads {design['cards'][0]['cases']['like the ground truth, vllm']['run']['prefill_tokens'] / 1e9:.2f} "
           "G tokens by prefills.")
     print_paged_cost(design)
+
+
+def hours_cells(row: dict, engine: str) -> str:
+    """A cost table's last four cells for one card on one engine ("", ", vllm", ", paged"): a run's prefill +
+    decode + update hours, an evaluation's, the design's total, and its whole-budget bound."""
+    expected, bound = row["cases"][f"like the ground truth{engine}"], row["cases"][f"whole budget{engine}"]
+    run = expected["run"]
+    parts = " + ".join(f"{run[key] / 3600:.1f}" for key in ("prefill", "decode", "update"))
+    return (f"{parts} = {run['hours']:.0f} | {expected['evaluation']['hours']:.1f} | {expected['total']:,.0f} | "
+            f"{bound['total']:,.0f} |")
 
 
 def print_paged_cost(design: dict) -> None:
@@ -255,11 +258,7 @@ def print_paged_cost(design: dict) -> None:
     print("|---|---|---|---|---|---|")
     for row in design["cards"]:
         card, pool = row["card"], row["paged_pool_tokens"]
-        expected, bound = row["cases"]["like the ground truth, paged"], row["cases"]["whole budget, paged"]
-        run = expected["run"]
-        parts = " + ".join(f"{run[key] / 3600:.1f}" for key in ("prefill", "decode", "update"))
-        print(f"| {card.name} ({card.memory_gb} GB) | {pool:,} ({pool // context}) | {parts} = {run['hours']:.0f} | "
-              f"{expected['evaluation']['hours']:.1f} | {expected['total']:,.0f} | {bound['total']:,.0f} |")
+        print(f"| {card.name} ({card.memory_gb} GB) | {pool:,} ({pool // context}) | {hours_cells(row, ', paged')}")
     print(f"Assumed (not measured): a paged step at least {speed.paged_decode_floor_s * 1000:.0f} ms (generate's "
           "floor: Python and kernel launches every step); attention by torch's SDPA without flash attention (none "
           "is installed; the T4 has none), which attends every query of a pass to every key the pass reads, so a "
