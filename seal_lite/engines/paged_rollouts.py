@@ -91,7 +91,7 @@ class PagedGenerator(ContinuousGenerator):
                 held = []
                 while waiting and len(live) < (max_live or len(batch)):
                     row, (ids, budget) = waiting.pop()
-                    if any(2 * _common_prefix(ids, other) >= len(ids) for other in reading.values()):
+                    if any(_shares_half(ids, other) for other in reading.values()):
                         held.append((row, (ids, budget)))  # its group's opening, or the same tool block: wait
                         continue
                     request(row, ids, budget)
@@ -121,9 +121,11 @@ class PagedGenerator(ContinuousGenerator):
         return last
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens ``a`` and ``b`` share from their start."""
-    return next((index for index, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+def _shares_half(ids: list[int], other: list[int]) -> bool:
+    """Whether ``other`` starts with at least the first half of ``ids`` (a slice comparison: every waiting row is
+    checked against every opening being read, at each step with a free slot)."""
+    half = -(-len(ids) // 2)
+    return ids[:half] == other[:half]
 
 
 def _finished(manager) -> list:
