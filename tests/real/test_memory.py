@@ -19,11 +19,10 @@ from seal_lite.core.memory import (
     generate_bytes,
     generate_peak,
     paged_bytes,
-    paged_pool_tokens,
     resident_bytes,
     rollout_token_budget,
 )
-from seal_lite.core.plan import PAGED_PREFILL_TOKENS
+from seal_lite.core.plan import PAGED_PREFILL_TOKENS, Card, card_paged
 from seal_lite.core.recipe import load_recipe
 from seal_lite.step.rollout import generation_chunks
 
@@ -140,8 +139,8 @@ def test_each_gpu_recipes_rollouts_fit_its_card_with_10_percent_free(name):
     assert recipe.policy.device == "gpu"
     if rollout.backend == "paged":  # no generate call: a KV pool sized to the card, which must hold one sequence
         card = GPU_RECIPES[name] * GIB
+        pool = card_paged(recipe, shape, Card(name, GPU_RECIPES[name], 0, 0))  # what the run sizes on that card
         resident = resident_bytes(shape, 2, True, recipe.policy.lora_r) + CUDA_CONTEXT
-        pool = paged_pool_tokens(shape, 0.9 * card - resident, PAGED_PREFILL_TOKENS, 2)
         peak = resident + sum(paged_bytes(shape, pool, PAGED_PREFILL_TOKENS, 2).values())
         assert pool >= rollout.max_context_tokens + PAGED_PREFILL_TOKENS
         assert 0.89 * card < peak <= 0.9 * card  # the pool takes what is left, and no more
