@@ -191,10 +191,10 @@ def screen(recipe: Recipe, out_dir: str | Path | None = None, *, samples: int | 
 
 
 def evaluate(target: str | Path, *, benchmark: str = "bfcl", tasks: int | None = None, base: bool = False,
-             steps: tuple[int, ...] = (), overrides: dict | None = None, progress=None,
+             steps: tuple[int, ...] = (), best: bool = False, overrides: dict | None = None, progress=None,
              note: Callable[[str], None] = lambda text: None, **options) -> dict:
-    """Evaluate a run directory's trained policy (``steps``: its checkpoints, default the final adapter; ``base``:
-    its base model too) or a model on held-out BFCL tasks (``split``, ``view``) or on τ²-bench (``benchmark="tau2"``:
+    """Evaluate a run directory's trained policy (``steps``: its checkpoints, default the final adapter; ``best``:
+    its best validation checkpoint; ``base``: its base model too) or a model on held-out BFCL tasks (``split``, ``view``) or on τ²-bench (``benchmark="tau2"``:
     ``domains``, ``user_model``, ``max_steps``, ``into``). ``tasks``: the first N of each category or domain.
     Returns {"summary": {model label: {category: scores}}, "tasks": {model label: [per-task results]}}; a run
     directory also stores them in its seal.db. ``progress(label, total)`` is a context manager that is called with
@@ -203,7 +203,7 @@ def evaluate(target: str | Path, *, benchmark: str = "bfcl", tasks: int | None =
         from seal_lite.runs.evaluate_tau2 import evaluate_target
     else:
         from seal_lite.runs.evaluate_bfcl import evaluate_target
-    return evaluate_target(str(target), tasks=tasks, base=base, steps=steps, overrides=overrides or {},
+    return evaluate_target(str(target), tasks=tasks, base=base, steps=steps, best=best, overrides=overrides or {},
                            progress=progress, note=note, **options)
 
 

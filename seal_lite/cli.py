@@ -229,6 +229,8 @@ def _benchmark_options(ctx, benchmark: str, options: dict) -> dict:
 @click.option("--tasks", type=click.IntRange(min=1), help="Only the first N tasks of each category (τ²: domain).")
 @click.option("--base", is_flag=True, help="With a RUN: also evaluate the base model, side by side.")
 @click.option("--step", "steps", type=int, multiple=True, help="With a RUN: this step's checkpoint (repeatable).")
+@click.option("--best", is_flag=True, help="With a RUN: its best validation checkpoint (RUN/best-adapter, recipe "
+              "section validation) instead of the newest adapter.")
 @set_option
 @click.option("--json-file", type=click.File("w"), help="Also write the results to FILE (JSON).")
 @click.option("--view", type=click.Choice(["official", "signatures"]), default="official", show_default=True,
@@ -241,7 +243,7 @@ def _benchmark_options(ctx, benchmark: str, options: dict) -> dict:
 @click.option("--into", type=click.Path(exists=True, file_okay=False), metavar="RUN",
               help="τ², a model or URL as TARGET: also store the results in RUN's seal.db.")
 @click.pass_context
-def evaluate_command(ctx, target, tasks, base, steps, overrides, json_file, benchmark, **benchmark_options):
+def evaluate_command(ctx, target, tasks, base, steps, best, overrides, json_file, benchmark, **benchmark_options):
     """Evaluate a run's trained policy or a model on held-out BFCL tasks, or on τ²-bench.
 
     TARGET is a run directory (results are stored in its seal.db), a model, or (τ²) a server URL. Greedy decoding
@@ -250,13 +252,14 @@ def evaluate_command(ctx, target, tasks, base, steps, overrides, json_file, benc
     \b
     Examples:
       seal-lite eval runs/quickstart --base --step 1 --tasks 5
+      seal-lite eval runs/paper-qwen2.5-7b --best
       seal-lite eval smollm2-135m --split multi_turn_base_1,multi_turn_miss_func_3 --json-file base.json
       seal-lite eval runs/paper --base --benchmark tau2 --domain retail --tasks 10 --user-model qwen7b.gguf
     """
     from seal_lite.console import EvalProgress, Tau2Progress, print_evaluation, print_tau2
 
     options = _benchmark_options(ctx, benchmark, benchmark_options)
-    results = api.evaluate(target, benchmark=benchmark, tasks=tasks, base=base, steps=steps,
+    results = api.evaluate(target, benchmark=benchmark, tasks=tasks, base=base, steps=steps, best=best,
                            overrides=api.parse_overrides(overrides), note=lambda text: click.echo(text, err=True),
                            progress=Tau2Progress if benchmark == "tau2" else EvalProgress, **options)
     if benchmark == "tau2":

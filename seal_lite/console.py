@@ -101,6 +101,24 @@ class RichProgress:
             update = "no learning signal (each group's rewards are equal)" if no_signal else "policy update follows"
             console.print(f"step {step}/{self.total_steps}: {status}; {update}", soft_wrap=True)  # one line a step
 
+    def validation_started(self, step: int, num_tasks: int) -> None:
+        name = "before step 1" if step == 0 else f"after step {step}/{self.total_steps}"
+        self.validation_bar = self.bars.add_task(f"validation {name}", total=num_tasks, status="")
+        self.validation_name, self.validation_passed = name, 0
+
+    def task_validated(self, result) -> None:
+        self.validation_passed += result.valid
+        self.bars.update(self.validation_bar, advance=1, status=f"{self.validation_passed} passed; "
+                         f"{EvalProgress.describe(result)}")
+
+    def validated(self, step: int, score: dict[str, float], best: tuple[int, float]) -> None:
+        kept = "a new best, kept as best-adapter" if best[0] == step else f"best so far: step {best[0]}"
+        status = (f"accuracy {100 * score['accuracy']:.1f}%  turn pass rate {100 * score['turn_pass_rate']:.1f}%  "
+                  f"({score['tasks']:.0f} tasks)  {kept}")
+        self.bars.update(self.validation_bar, status=status)
+        if not console.is_terminal:
+            console.print(f"validation {self.validation_name}: {status}", soft_wrap=True)
+
 
 class EvalProgress:
     """A bar over the held-out tasks with the running pass count; outside a terminal, one line per task."""
@@ -222,6 +240,12 @@ def print_summary(summary) -> None:
     table.add_row("training interface", "\n".join([f"v1 -> v{len(changes) + 1}", *changes]) if changes
                   else "unchanged (v1): no failure label was frequent enough for a guideline")
     table.add_row("diagnoser", f"explained {summary.explanations} failed turns")
+    if summary.validation:
+        table.add_row("validation, accuracy % (turn pass %)", ", ".join(
+            f"step {step}: {100 * score['accuracy']:.1f} ({100 * score['turn_pass_rate']:.1f})"
+            for step, score in summary.validation.items()))
+        table.add_row("best checkpoint", f"step {summary.best[0]} ({summary.best[1]:.3f}): "
+                      f"{(summary.run_dir or summary.db_path.parent) / 'best-adapter'}")
     table.add_row("wall time", f"{summary.wall_time_s:.0f} s ({summary.wall_time_s / 60:.1f} min)")
     table.add_row("database", str(summary.db_path))
     console.print(table)
@@ -230,6 +254,8 @@ def print_summary(summary) -> None:
                   f"  seal-lite diagnose {run}    # the failed turns, their labels and explanations")
     if changes:
         console.print(f"  seal-lite interface diff {run} 1 {len(changes) + 1}   # how the training interface evolved")
+    if summary.best:
+        console.print(f"  seal-lite eval {run} --best   # the best validation checkpoint on the held-out tasks")
     if summary.name == "quickstart":
         console.print(f"  {WATCH_A_RISE}")
 

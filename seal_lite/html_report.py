@@ -20,6 +20,7 @@ from seal_lite.core.interface import describe_version, diff_versions
 from seal_lite.core.labels import SUCCESS_LABELS
 from seal_lite.core.trend import reward_trend
 from seal_lite.engines.store import Store
+from seal_lite.runs.evaluate_bfcl import best_step, scores_by_step
 
 FIGURES = ("reward", "labels", "rho", "weights")
 
@@ -42,7 +43,9 @@ def write_report(run_dir: Path, out_dir: Path | None = None, samples: int = 4) -
         f"<h1>seal-lite run {html.escape(run['name'])}</h1>",
         f"<p>model {html.escape(run['model'])}, status {html.escape(run['status'])}, {len(steps)} steps</p>",
         _figure(pngs["reward"], "Reward (official verdict), its moving average, turn pass rate, and the share of "
-                                "groups with unequal rewards (the only ones GRPO learns from) per step" + _trend(store)),
+                                "groups with unequal rewards (the only ones GRPO learns from) per step; with "
+                                "validation during training, the held-out accuracy and the best checkpoint"
+                                + _trend(store)),
         _figure(pngs["labels"], "Turn labels per step (share of countable labels)"),
         _figure(pngs["rho"], "Label utilities rho per step (closed-loop update)"),
         _figure(pngs["weights"], "Diagnosis weights of the trajectories"),
@@ -92,6 +95,13 @@ def _plot_reward(store: Store, steps: list[int], path: Path) -> None:
         axes.plot(steps, moving_average(rewards, window), linewidth=2.5, label=f"reward, mean of the last {window} steps")
     axes.plot(steps, [passed[s] / len(labels[s]) if labels.get(s) else 0.0 for s in steps], marker="s",
               label="turn pass rate (the update's trajectories)")
+    if validation := scores_by_step(store):  # step 0: the base model, before the first step
+        metric = json.loads(store.run()["recipe"])["validation"]["metric"]
+        axes.plot(list(validation), [score["accuracy"] for score in validation.values()], marker="D", color="black",
+                  label="validation accuracy (held-out slice, greedy)")
+        best, score = best_step(store, metric)
+        axes.plot([best], [validation[best]["accuracy"]], marker="*", markersize=14, color="gold", linestyle="none",
+                  label=f"best checkpoint (step {best}, {metric} {score:.2f})")
     axes.set(xlabel="step", ylim=(-0.05, 1.05))
     axes.legend(fontsize=7)
     _save(figure, path)

@@ -34,6 +34,7 @@ from seal_lite.core.recipe_sections import (
     Problem,
     RolloutConfig,
     Section,
+    ValidationConfig,
     refuse,
 )
 
@@ -48,6 +49,7 @@ class Recipe(Section):
     interface: InterfaceConfig = Field(default_factory=InterfaceConfig)
     diagnoser: DiagnoserConfig = Field(default_factory=DiagnoserConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @field_validator("name")
@@ -113,6 +115,10 @@ class Recipe(Section):
         """Why this recipe cannot run across ``processes`` processes (one line each, with the fix), or []."""
         if processes == 1:
             return []
+        if self.validation.every:
+            return [f"validation.every = {self.validation.every}: validation plays the held-out slice in one process; "
+                    f"set validation.every null for {processes} processes and score the checkpoints afterwards with "
+                    "`seal-lite eval RUN --step N`"]
         tasks, mini = self.grpo.tasks_per_step, self.mini_batch()
         fits = [n for n in range(processes, 0, -1) if tasks % n == 0]
         if tasks % processes:

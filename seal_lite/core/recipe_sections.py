@@ -1,4 +1,5 @@
-"""The recipe's sections, one typed model per concern: policy, data, rollout, interface, diagnoser, GRPO.
+"""The recipe's sections, one typed model per concern: policy, data, rollout, interface, diagnoser, GRPO,
+validation, logging.
 
 ``seal_lite/core/recipe.py`` puts them together into ``Recipe`` and loads files. Each field carries its help
 once, in ``description`` (``seal-lite recipe --fields`` prints it). A validator that finds a problem reports it as a
@@ -335,6 +336,40 @@ class GRPOConfig(Section):
                 raise ValueError(f"rho({label}) = {utility} is outside [{WEIGHT_MIN}, {WEIGHT_MAX}], the range of the "
                                  "weights")
         return value
+
+
+class ValidationConfig(Section):
+    every: int | None = Field(
+        None, ge=1, description="Validate every this many steps, and after the last (the SEAL release: 10, its "
+        "test_freq): the current adapter plays the held-out slice once, greedily, under BFCL's own view, scored "
+        "by the official verdict, and the best-scoring adapter is kept as RUN/best-adapter beside the final "
+        "RUN/adapter (docs/training.md). Validation changes nothing the training sees. None: no validation.",
+    )
+    before_training: bool = Field(
+        False, description="Also validate the base policy before the first step (the release: true); its score is "
+        "the one the first best must beat.",
+    )
+    split: Literal["eval", "train"] = Field(
+        "eval", description="Which SEAL split the slice comes from. The release validates on the 400 held-out tasks "
+        "its paper reports, so its best checkpoint is chosen on the test set (docs/deviations.md).",
+    )
+    categories: list[Literal["base", "miss_func", "miss_param", "long_context"]] = Field(
+        ["base", "miss_func", "miss_param", "long_context"], min_length=1,
+        description="BFCL multi-turn categories of the slice.",
+    )
+    tasks_per_category: int | None = Field(
+        None, ge=1, description="Only the first N tasks of each category, in the split's order (None: all of them; "
+        "the release: all 400). Each task is played once, greedily, as in the release (val_kwargs n 1, temperature 0).",
+    )
+    task_ids: list[str] | None = Field(
+        None, min_length=1, description="Explicit BFCL ids; overrides split, categories and tasks_per_category.",
+    )
+    metric: Literal["accuracy", "turn_pass_rate"] = Field(
+        "accuracy", description="The score that picks the best adapter, averaged over the slice's categories: "
+        "accuracy (the official verdict, the paper's metric and the release's choice) or turn_pass_rate (the share "
+        "of ground-truth turns passed, which moves long before a small model solves whole tasks). Ties keep the "
+        "earlier step.",
+    )
 
 
 TRACKERS = ("none", "trackio", "tensorboard", "wandb")

@@ -253,6 +253,9 @@ class Progress(Protocol):
     def step_started(self, step: int, num_tasks: int) -> None: ...
     def task_done(self, task_id: str, rewards: list[float]) -> None: ...
     def step_finished(self, step: int, metrics: dict[str, float]) -> None: ...
+    def validation_started(self, step: int, num_tasks: int) -> None: ...
+    def task_validated(self, result) -> None: ...  # a held-out task's TaskResult (seal_lite/runs/evaluate_bfcl.py)
+    def validated(self, step: int, score: dict[str, float], best: tuple[int, float]) -> None: ...
 
 
 class NoProgress:
@@ -262,6 +265,9 @@ class NoProgress:
     def step_started(self, step, num_tasks): pass
     def task_done(self, task_id, rewards): pass
     def step_finished(self, step, metrics): pass
+    def validation_started(self, step, num_tasks): pass
+    def task_validated(self, result): pass
+    def validated(self, step, score, best): pass
 
 
 @dataclass

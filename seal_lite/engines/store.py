@@ -13,6 +13,7 @@ Tables (documented in docs/store.md):
     evaluations         ``seal-lite eval`` results: one row per (model evaluated, task), BFCL's and τ²-bench's
     screen              the frontier screen (``data.screen``): each task's passes out of its samples
     rescreens           the re-screens during training (``data.rescreen_every``), by the step they came before
+    validations         validation during training (recipe section ``validation``): one row per (step, task)
 
 A step's rollouts, turns and metrics are written in one transaction (``Database.atomic``: sqlite-utils'
 own writes nest inside it as savepoints), so a crash leaves a whole step or nothing. Primary keys are explicit
@@ -35,7 +36,8 @@ Reads for other modules, so that none of them writes SQL: ``steps``, ``trajector
 ``turns``, ``turn_labels``, ``label_counts``, ``labels_by_step`` (step -> its turn labels), ``rewards_by_group``
 ((step, task) -> rewards), ``metrics`` (one name), ``metric_per_step`` (one name, aligned to ``steps``),
 ``metric_series`` (every name with a prefix and suffix, such as ``labels/<label>_rate``), ``step_count``,
-``checkpoints``, ``last_checkpoint``, ``interface_versions``, ``diagnosis``, ``evaluations``, ``screen``, ``run``.
+``checkpoints``, ``last_checkpoint``, ``interface_versions``, ``diagnosis``, ``evaluations``, ``validations``,
+``screen``, ``run``.
 """
 
 from __future__ import annotations
@@ -115,8 +117,14 @@ def _create_v1_tables(db: sqlite_utils.Database) -> None:
     db["trajectories"].create_index(["step"], if_not_exists=True)
 
 
+def _add_validations(db: sqlite_utils.Database) -> None:
+    """1 -> 2: the validations table (validation during training; step 0: before the first step)."""
+    db["validations"].create({"step": int, "task_id": str, "category": str, "valid": int, "turns_passed": int,
+                              "turns": int, "labels": str, "created_at": float}, pk=("step", "task_id"))
+
+
 # MIGRATIONS[n] takes a store from schema version n to n + 1. Append one to change the schema (docs/store.md).
-MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_create_v1_tables,)
+MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_create_v1_tables, _add_validations)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -208,7 +216,8 @@ class Store:
         with self.db.atomic():
             self.db.execute("delete from turns where trajectory_id in (select id from trajectories where step > ?)",
                             [step])
-            for table in ("trajectories", "steps", "metrics", "interface_versions", "checkpoints", "rescreens"):
+            for table in ("trajectories", "steps", "metrics", "interface_versions", "checkpoints", "rescreens",
+                          "validations"):
                 self.db.execute(f"delete from {table} where step > ?", [step])
         return removed
 
@@ -218,6 +227,17 @@ class Store:
 
     def evaluations(self) -> list[dict]:
         rows = self.db["evaluations"].rows_where(order_by="model, task_id")
+        return [_decode(row, "labels") for row in rows]
+
+    def save_validations(self, step: int, rows: list[dict]) -> None:
+        """The held-out results of the validation after ``step`` (0: before the first step), in one transaction."""
+        now = time.time()
+        with self.db.atomic():
+            self.db["validations"].upsert_all([_encode({**row, "step": step, "created_at": now}) for row in rows],
+                                              pk=("step", "task_id"))
+
+    def validations(self) -> list[dict]:
+        rows = self.db["validations"].rows_where(order_by="step, task_id")
         return [_decode(row, "labels") for row in rows]
 
     def save_screen(self, row: dict, step: int = 0) -> None:

@@ -184,13 +184,48 @@ def trained_adapters(store: Store, run_dir: Path, steps: tuple[int, ...]) -> lis
     return [(step, kept[step]) for step in steps]
 
 
-def run_variants(run_dir: Path, overrides: dict, base: bool, steps: tuple[int, ...]):
+BEST_ADAPTER = "best-adapter"  # RUN/best-adapter: the best validation checkpoint (seal_lite/runs/validation.py)
+
+
+def scores_by_step(store: Store) -> dict[int, dict[str, float]]:
+    """step -> the validation's mean over its categories: {tasks, accuracy, turn_pass_rate}."""
+    results: dict[int, list[TaskResult]] = {}
+    for row in store.validations():
+        results.setdefault(row["step"], []).append(TaskResult(row["task_id"], row["category"], bool(row["valid"]),
+                                                              row["turns_passed"], row["turns"], row["labels"]))
+    return {step: summarize(found)["mean"] for step, found in sorted(results.items())}
+
+
+def best_step(store: Store, metric: str) -> tuple[int, float] | None:
+    """(step, score) of the best validation by ``metric``; ties keep the earlier step (the release's strict >)."""
+    scores = scores_by_step(store)
+    if not scores:
+        return None
+    step = max(scores, key=lambda s: (scores[s][metric], -s))
+    return step, scores[step][metric]
+
+
+def best_adapter(store: Store, run_dir: Path, metric: str) -> tuple[int, Path]:
+    """(step, RUN/best-adapter) of a run that validated during training; a RunError saying why there is none."""
+    best = best_step(store, metric)
+    if best is None or not (run_dir / BEST_ADAPTER / "adapter_config.json").is_file():
+        raise RunError(f"{run_dir} has no best validation checkpoint: a run keeps one when its recipe validates "
+                       "during training (validation.every) and a validation has ended")
+    return best[0], run_dir / BEST_ADAPTER
+
+
+def run_variants(run_dir: Path, overrides: dict, base: bool, steps: tuple[int, ...], best: bool = False):
     """(store, recipe, [(label, adapter)]) of a run directory: the run's own recipe with ``overrides`` on top, the
-    base model with ``base`` (adapter None), and the trained adapters of ``steps`` (default: the newest)."""
+    base model with ``base`` (adapter None), the best validation checkpoint with ``best``, and the trained adapters
+    of ``steps`` (default, unless ``best``: the newest)."""
     store = Store(run_dir / "seal.db")
     recipe = load_recipe(None, {**json.loads(store.run()["recipe"]), **overrides})
     variants = [("base", None)] if base else []
-    variants += [(f"step {step}", path) for step, path in trained_adapters(store, run_dir, steps)]
+    if best:
+        step, path = best_adapter(store, run_dir, recipe.validation.metric)
+        variants.append((f"best (step {step})", path))
+    if steps or not best:
+        variants += [(f"step {step}", path) for step, path in trained_adapters(store, run_dir, steps)]
     return store, recipe, variants
 
 
@@ -205,8 +240,8 @@ def model_recipe(target: str, overrides: dict, or_else: str) -> Recipe:
 
 
 def evaluate_target(target: str, *, split: str = "eval", tasks: int | None = None, base: bool = False,
-                    steps: tuple[int, ...] = (), overrides: dict | None = None, view: str = "official",
-                    progress=None, note: Callable[[str], None] = lambda text: None) -> dict:
+                    steps: tuple[int, ...] = (), best: bool = False, overrides: dict | None = None,
+                    view: str = "official", progress=None, note: Callable[[str], None] = lambda text: None) -> dict:
     """``seal_lite.evaluate`` on BFCL: every variant of TARGET (a run directory or a model) on ``split``; the
     results are stored in the run's seal.db. {"summary": {label: table}, "tasks": {label: [results]}}."""
     try:
@@ -215,7 +250,12 @@ def evaluate_target(target: str, *, split: str = "eval", tasks: int | None = Non
         raise ConfigError(f"--split: {error.args[0]}") from None
     run_dir = run_dir_of(target)
     if run_dir is not None:
-        store, recipe, variants = run_variants(run_dir, overrides or {}, base, steps)
+        store, recipe, variants = run_variants(run_dir, overrides or {}, base, steps, best)
+        if not best and (run_dir / BEST_ADAPTER).is_dir():
+            note(f"note: {run_dir} also keeps its best validation checkpoint ({BEST_ADAPTER}); --best scores it")
+    elif best:
+        raise ConfigError("--best needs a run directory as TARGET: a run that validates during training keeps its "
+                          "best checkpoint (recipe section validation)")
     else:
         store, recipe, variants = None, model_recipe(target, overrides or {}, "a run directory"), [("base", None)]
     chosen = [task.truncated(recipe.rollout.max_turns) for task in chosen]

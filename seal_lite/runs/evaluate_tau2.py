@@ -272,7 +272,7 @@ def _agents(recipe, target: str, user_model: str | None) -> _Agents:
     return _Agents(recipe, policy_spec, engine, user, user_model or policy_spec)
 
 
-def _variants(target: str, overrides: dict, base: bool, steps: tuple[int, ...], into: str | None):
+def _variants(target: str, overrides: dict, base: bool, steps: tuple[int, ...], best: bool, into: str | None):
     """(store or None, recipe or None for a URL, [(label, adapter)]) of TARGET."""
     from seal_lite.engines.store import Store
     from seal_lite.runs.evaluate_bfcl import model_recipe, run_dir_of, run_variants
@@ -281,9 +281,9 @@ def _variants(target: str, overrides: dict, base: bool, steps: tuple[int, ...], 
     if run_dir is not None:
         if into:
             raise ConfigError("--into: a run directory stores its own results; --into is for a model or URL TARGET")
-        return run_variants(run_dir, overrides, base, steps)
-    if base or steps:
-        raise ConfigError("TARGET: --base and --step need a run directory")
+        return run_variants(run_dir, overrides, base, steps, best)
+    if base or steps or best:
+        raise ConfigError("TARGET: --base, --step and --best need a run directory")
     if into and not (Path(into) / "seal.db").exists():
         raise ConfigError(f"--into: {into} holds no seal.db: give a run directory")
     store = Store(Path(into) / "seal.db") if into else None
@@ -293,7 +293,7 @@ def _variants(target: str, overrides: dict, base: bool, steps: tuple[int, ...], 
 
 def evaluate_target(target: str, *, domains: tuple[str, ...] = DOMAINS, tasks: int | None = None,
                     user_model: str | None = None, base: bool = False, steps: tuple[int, ...] = (),
-                    overrides: dict | None = None, max_steps: int | None = None, into: str | None = None,
+                    best: bool = False, overrides: dict | None = None, max_steps: int | None = None, into: str | None = None,
                     progress=None, note: Callable[[str], None] = lambda text: None) -> dict:
     """``seal_lite.evaluate`` on τ²-bench: every variant of TARGET (a run directory, a model or a server URL) as the
     agent, ``tasks`` per domain; stored in the run's seal.db (or ``into``'s, for a model or URL)."""
@@ -302,7 +302,7 @@ def evaluate_target(target: str, *, domains: tuple[str, ...] = DOMAINS, tasks: i
 
     require_tau2()
     domains = tuple(domains or DOMAINS)
-    store, recipe, variants = _variants(target, overrides or {}, base, steps, into)
+    store, recipe, variants = _variants(target, overrides or {}, base, steps, best, into)
     agents = _agents(recipe, target, user_model)
     total = sum(len(load_tasks(domain, tasks)) for domain in domains)
     summaries, everything = {}, {}

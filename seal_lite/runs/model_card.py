@@ -3,8 +3,9 @@
 It is written in the form the Hugging Face hub reads: YAML metadata between ``---`` lines (``base_model`` names the
 hub repository of the base model, ``library_name: peft`` marks a LoRA adapter), then Markdown. It replaces the
 template peft writes there, whose ``base_model`` is a local cache path. Everything in it comes from the run's
-seal.db: the recipe, the reward of every step, the held-out evaluations with 95% Wilson intervals over tasks, and
-the training interface the run ended with (which evaluation never shows).
+seal.db: the recipe, the reward of every step, the validations during training, the held-out evaluations with 95%
+Wilson intervals over tasks, and the training interface the run ended with (which evaluation never shows). A run that
+validates during training has a second card, in RUN/best-adapter, saying that adapter is the best checkpoint.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import yaml
 from seal_lite.core.interface import describe_version
 from seal_lite.core.trend import reward_trend
 from seal_lite.engines.store import Store
-from seal_lite.runs.evaluate_bfcl import results_from_rows, summarize
+from seal_lite.runs.evaluate_bfcl import BEST_ADAPTER, best_step, results_from_rows, scores_by_step, summarize
 
 # the hub repositories of the registry's GGUFs (seal_lite/engines/model_sources.py): what their weights are
 HUB_IDS = {
@@ -47,11 +48,14 @@ def wilson_interval(passed: int, total: int, z: float = 1.96) -> tuple[float, fl
     return max(0.0, centre - spread), min(1.0, centre + spread)
 
 
-def model_card(store: Store) -> str:
-    """The card's text, from the run's store."""
+def model_card(store: Store, best: bool = False) -> str:
+    """The card's text, from the run's store: for RUN/adapter (the final step), or with ``best`` for
+    RUN/best-adapter (the best validation checkpoint)."""
     run = store.run()
     recipe = json.loads(run["recipe"])
     policy, grpo, rollout, interface = (recipe[key] for key in ("policy", "grpo", "rollout", "interface"))
+    validation = recipe.get("validation") or {"every": None, "split": "eval", "metric": "accuracy"}  # older runs
+    best_at = best_step(store, validation["metric"])
     rewards = [row["reward_mean"] for row in store.steps()]
     base = hub_id(policy["model"])
     metadata = {**({"base_model": base} if base else {}), "library_name": "peft", "pipeline_tag": "text-generation",
@@ -67,6 +71,7 @@ def model_card(store: Store) -> str:
         f"{rollout['num_generations']} trajectories, learning rate {grpo['learning_rate']:g}; each failed turn was "
         "diagnosed into a failure label that weighted the advantages and shaped the training interface "
         "(seal-lite's docs/method.md). Run status: " + run["status"] + ".", "",
+        _which_checkpoint(best, len(rewards), best_at), "",
         "| SEAL part | in this run |", "|---|---|",
         *(f"| {part} | {'on' if value else 'off'} |" for part, value in on.items()), "",
         "## Training reward", "",
@@ -75,13 +80,37 @@ def model_card(store: Store) -> str:
     ]
     if trend := reward_trend(rewards):
         lines += ["", f"Trend with the steps as units: {trend.describe()}."]
-    lines += ["", "## Held-out evaluation", "", *_evaluations(store.evaluations()), "",
+    lines += ["", "## Validation during training", "", *_validations(scores_by_step(store), validation, best_at), "",
+              "## Held-out evaluation", "", *_evaluations(store.evaluations()), "",
               "## The training interface it ended with", "",
               "Evaluation always shows the plain BFCL view; this is what training showed last.", "",
               "```", describe_version(store.interface_versions()[-1]), "```", "",
               "## Reproduce", "", "The run's whole recipe; `seal-lite run recipe.yaml` trains it again:", "",
               "```yaml", yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True).strip(), "```", ""]
     return "\n".join(lines)
+
+
+def _which_checkpoint(best: bool, steps: int, best_at: tuple[int, float] | None) -> str:
+    if best:
+        return (f"**This adapter is the run's best validation checkpoint: step {best_at[0]}** (score {best_at[1]:.3f}); "
+                "the final adapter is in `adapter/`. `seal-lite eval RUN --best` scores this one.")
+    kept = (f" The best validation checkpoint (step {best_at[0]}) is in `best-adapter/`; `seal-lite eval RUN "
+            "--best` scores it.") if best_at else ""
+    return f"**This adapter is the final one: step {steps}.**{kept}"
+
+
+def _validations(scores: dict[int, dict[str, float]], validation: dict, best_at: tuple[int, float] | None) -> list[str]:
+    """One row per validation: the held-out slice's accuracy and turn pass rate, the best marked."""
+    if not scores:
+        return ["None: the recipe's `validation.every` was not set."]
+    table = [f"Greedy, the official verdict, every {validation['every']} steps on the {validation['split']} slice "
+             f"(step 0: the base model); the best by {validation['metric']} is kept:", "",
+             "| step | tasks | accuracy | turn pass rate |", "|---|---|---|---|"]
+    for step, score in scores.items():
+        mark = " (best)" if step == best_at[0] else ""
+        table.append(f"| {step}{mark} | {score['tasks']:.0f} | {100 * score['accuracy']:.1f}% | "
+                     f"{100 * score['turn_pass_rate']:.1f}% |")
+    return table
 
 
 def _evaluations(rows: list[dict]) -> list[str]:
@@ -102,10 +131,14 @@ def _evaluations(rows: list[dict]) -> list[str]:
 
 
 def write_model_card(run_dir: Path) -> Path | None:
-    """Write RUN/adapter/README.md (None when the run has no adapter yet)."""
+    """Write RUN/adapter/README.md, and RUN/best-adapter/README.md when the run keeps a best validation checkpoint
+    (None when the run has no adapter yet)."""
+    store = Store.open_readonly(Path(run_dir) / "seal.db")
+    if (Path(run_dir) / BEST_ADAPTER).is_dir():
+        (Path(run_dir) / BEST_ADAPTER / "README.md").write_text(model_card(store, best=True))
     adapter = Path(run_dir) / "adapter"
     if not adapter.is_dir():
         return None
     path = adapter / "README.md"
-    path.write_text(model_card(Store.open_readonly(Path(run_dir) / "seal.db")))
+    path.write_text(model_card(store))
     return path

@@ -254,11 +254,11 @@ def diagnoser_problems(diagnoser) -> list[Problem]:
 
 
 def recipe_problems(recipe) -> list[Problem]:
-    """What spans sections: the tasks the data section selects, and who plays the rollouts."""
+    """What spans sections: the tasks the data and validation sections select, and who plays the rollouts."""
     from seal_lite.envs.bfcl import split_ids
     from seal_lite.runs.tasks import read_task_file, task_file_path
 
-    problems = []
+    problems = _id_problems("validation.task_ids", recipe.validation.task_ids or ())
     if recipe.data.task_file and not recipe.data.task_ids:
         named = len(read_task_file(task_file_path(recipe.data.task_file)))
         if recipe.grpo.tasks_per_step > named:

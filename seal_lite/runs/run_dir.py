@@ -19,6 +19,7 @@ from filelock import FileLock, Timeout
 
 from seal_lite.core.errors import RunError
 from seal_lite.core.recipe import Recipe
+from seal_lite.core.recipe_sections import ValidationConfig
 from seal_lite.engines import distributed
 from seal_lite.engines.store import Store
 
@@ -230,7 +231,9 @@ def open_run(recipe: Recipe, store: Store, out_dir: Path) -> bool:
     resumes."""
     resuming = run_status(out_dir) is not None
     if resuming:
-        differences = [name for name in recipe_differences(json.loads(store.run()["recipe"]), recipe.model_dump())
+        stored = json.loads(store.run()["recipe"])
+        stored.setdefault("validation", ValidationConfig().model_dump())  # stored before the section existed: off
+        differences = [name for name in recipe_differences(stored, recipe.model_dump())
                        if name.split(".")[0] not in NOT_THE_EXPERIMENT]
         if differences:
             raise RunMismatchError(f"{out_dir} holds a run of another recipe (differs in {', '.join(differences)}); "

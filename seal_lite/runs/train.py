@@ -4,7 +4,9 @@
 resumes the run's store, loads the policy, screens the slice when the recipe asks (seal_lite/runs/tasks.py), then
 hands ``SealStep`` (Algorithm 1's body, seal_lite/step/algorithm.py) to TRL's trainer (seal_lite/training/grpo.py),
 which calls it once per step for the rollouts and applies the update. After each step a checkpoint is committed
-to the store, so a killed run resumes from its last committed step.
+to the store, so a killed run resumes from its last committed step. Before the commit of the steps the recipe's
+``validation`` section names, the current policy plays the held-out slice and the best adapter is kept
+(seal_lite/runs/validation.py).
 
 This module is the only one that knows both the step and the trainer: the step never imports TRL.
 
@@ -29,9 +31,11 @@ from seal_lite.engines.model_sources import resolve_gguf
 from seal_lite.engines.rollout_engine import rollout_choice, rollout_engine
 from seal_lite.engines.store import Store
 from seal_lite.engines.tracking import Tracker, open_tracker
+from seal_lite.runs.evaluate_bfcl import best_step, scores_by_step
 from seal_lite.runs.run_dir import open_run, prune_checkpoints, resume_point, run_directory
 from seal_lite.runs.run_log import LOG_FILE, library_output
 from seal_lite.runs.tasks import frontier_task_ids, screen_slice, select_task_ids, slice_tasks
+from seal_lite.runs.validation import Validator
 from seal_lite.step.algorithm import SealStep
 from seal_lite.step.diagnoser import Diagnoser
 
@@ -53,6 +57,8 @@ class RunSummary:
     explanations: int = 0  # failed turns the local diagnoser explained
     name: str = ""
     run_dir: Path | None = None
+    validation: dict[int, dict[str, float]] = ()  # step -> the held-out slice's mean: accuracy, turn_pass_rate
+    best: tuple[int, float] | None = None  # (step, score) of RUN/best-adapter, by validation.metric
 
 
 @contextlib.contextmanager
@@ -143,7 +149,11 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
             def commit(step: int, directory: str) -> None:
                 distributed.barrier()  # every process has written its part of the checkpoint (its RNG state)
                 if store is not None:
+                    if validator:
+                        validator(step)  # its rows go with the step: a resumed run rolls both back
                     store.commit_checkpoint(step, str(Path(directory).relative_to(out_dir)), seal_step.state())
+                    if validator:
+                        validator.settle()
                     prune_checkpoints(out_dir / "checkpoints", recipe.grpo.keep_checkpoints)
 
             # seal_step is built below, on the rollout engine that plays the trainer's model; TRL calls it from there
@@ -159,10 +169,14 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
                 seal_step = SealStep(recipe, store, tasks, generator, progress, diagnoser, task_ids, sync_policy=sync)
                 if checkpoint:
                     seal_step.restore(checkpoint["seal_state"])
+                validator = _validator(recipe, store, out_dir, generator, sync, trainer, progress, tracker, updates)
                 engine, why = rollout_choice(recipe)
                 progress.run_started(seal_step.step, f"policy {policy.backend}, rollouts {engine} ({why})"
                                      + (f", {distributed.world_size()} processes" if distributed.world_size() > 1
                                         else "") + (f"; metrics also to {tracker.where}" if tracker.where else ""))
+                if validator and 0 not in scores_by_step(store):
+                    validator(0)  # the base policy, before the first step (validation.before_training)
+                    validator.settle()
                 # 9. the policy updates, one per SEAL step (TRL calls seal_step for the rollouts of each)
                 trainer.train(resume_from_checkpoint=str(out_dir / checkpoint["path"]) if checkpoint else None)
         trainer.save_model(str(out_dir / "adapter"))  # written by rank 0 (transformers' should_save)
@@ -172,6 +186,17 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
                 store.finish_run(recipe.name, "failed", time.time() - started)
         raise
     return distributed.on_main(lambda: _finish(recipe, store, started))
+
+
+def _validator(recipe: Recipe, store: Store | None, out_dir: Path, generator, sync, trainer, progress: Progress,
+               tracker: Tracker, updates: int) -> Validator | None:
+    """The run's validation (recipe section ``validation``), or None; it first settles what a killed run left."""
+    if not recipe.validation.every or store is None:  # several processes: refused by Recipe.process_problems
+        return None
+    validator = Validator(recipe, store, out_dir, generator, sync, trainer.save_model, progress,
+                          report=lambda step, metrics: tracker.log(step * updates, metrics))
+    validator.settle()
+    return validator
 
 
 def _finish(recipe: Recipe, store: Store, started: float) -> RunSummary:
@@ -193,6 +218,8 @@ def _finish(recipe: Recipe, store: Store, started: float) -> RunSummary:
         - total(m.DIAGNOSER_COUNTS["failed"]),
         name=recipe.name,
         run_dir=store.path.parent,
+        validation=scores_by_step(store),
+        best=best_step(store, recipe.validation.metric),
         db_path=store.path,
         steps=len(steps),
         reward_mean=sum(s["reward_mean"] for s in steps) / max(1, len(steps)),

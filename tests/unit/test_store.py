@@ -42,6 +42,7 @@ def test_writing_a_step_twice_keeps_one_copy(tmp_path):
 # of before the migrations (schema 1, user_version 0), vacuumed and gzipped.
 STORE_V1 = Path(__file__).resolve().parent.parent / "data" / "seal_v1.db.gz"
 SCHEMA = "select type, name, tbl_name, sql from sqlite_master order by name"
+V1_SCHEMA = "select type, name, tbl_name, sql from sqlite_master where tbl_name != 'validations' order by name"
 
 
 def old_store(tmp_path) -> Path:
@@ -61,10 +62,12 @@ def every_row(path) -> dict[str, list]:
     return {table: read(path, f"select * from [{table}] order by rowid") for table in tables}
 
 
-def test_a_new_store_has_the_schema_of_the_code_before_migrations_byte_for_byte(tmp_path):
+def test_a_new_store_has_the_schema_of_the_code_before_migrations_byte_for_byte_plus_the_later_tables(tmp_path):
     Store(tmp_path / "new.db")
-    assert read(tmp_path / "new.db", SCHEMA) == read(old_store(tmp_path), SCHEMA)
-    assert read(tmp_path / "new.db", "pragma user_version") == [(SCHEMA_VERSION,)] == [(1,)]
+    assert read(tmp_path / "new.db", V1_SCHEMA) == read(old_store(tmp_path), SCHEMA)
+    assert [name for (name,) in read(tmp_path / "new.db", "select name from sqlite_master where type = 'table' "
+                                     "and tbl_name = 'validations'")] == ["validations"]  # version 2
+    assert read(tmp_path / "new.db", "pragma user_version") == [(SCHEMA_VERSION,)] == [(2,)]
 
 
 def test_an_old_store_is_upgraded_and_keeps_every_row(tmp_path):
@@ -72,10 +75,10 @@ def test_an_old_store_is_upgraded_and_keeps_every_row(tmp_path):
     before = every_row(path)
     assert read(path, "pragma user_version") == [(0,)] and len(before["trajectories"]) == 16
     store = Store(path)
-    assert read(path, "pragma user_version") == [(SCHEMA_VERSION,)] and every_row(path) == before
+    assert read(path, "pragma user_version") == [(SCHEMA_VERSION,)] and every_row(path) == {**before, "validations": []}
     assert [row["step"] for row in store.steps()] == [1, 2] and store.last_checkpoint()["step"] == 2
     Store(path)  # opening an up-to-date store changes nothing
-    assert every_row(path) == before
+    assert every_row(path) == {**before, "validations": []}
 
 
 def test_an_old_store_without_the_late_tables_and_columns_gets_them_empty(tmp_path):
@@ -97,16 +100,16 @@ def test_migrations_run_in_order_in_one_transaction(tmp_path, monkeypatch):
         db["steps"].add_column("note", str)
 
     def fail(db):
-        raise RuntimeError("migration 3 failed")
+        raise RuntimeError("migration 4 failed")
 
     monkeypatch.setattr(store_module, "MIGRATIONS", (*store_module.MIGRATIONS, add_note, fail))
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 3)
-    with pytest.raises(RuntimeError, match="migration 3 failed"):
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 4)
+    with pytest.raises(RuntimeError, match="migration 4 failed"):
         Store(path)
-    assert read(path, "pragma user_version") == [(0,)] and every_row(path) == before  # nothing of 1 and 2 stayed
-    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:2])
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 2)
-    assert "note" in Store(path).db["steps"].columns_dict and read(path, "pragma user_version") == [(2,)]
+    assert read(path, "pragma user_version") == [(0,)] and every_row(path) == before  # nothing of 1 to 3 stayed
+    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:3])
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 3)
+    assert "note" in Store(path).db["steps"].columns_dict and read(path, "pragma user_version") == [(3,)]
 
 
 def test_a_store_from_a_newer_seal_lite_is_refused_untouched(tmp_path):
