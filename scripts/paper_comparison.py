@@ -50,12 +50,13 @@ ARMS = {"vanilla": "recipes/ablation-vanilla-grpo.yaml", "seal": "recipes/paper-
 PAPER = {"base": 14.00, "vanilla": 30.75, "seal": 40.25}  # the paper's Table 3, Qwen2.5-7B-Instruct, % held out
 DEFAULT_SEEDS = 6  # the fewest pairs whose exact two-sided sign-flip test can reach p < 0.05 (2/64)
 # --cpu-smoke: the plumbing on a CPU, SmolLM2-135M, one step of one task x 2, the first turn, the one-line signatures
-# (BFCL's view is 7x longer) in training and evaluation: no BFCL score, a test of the machinery
+# (BFCL's view is 7x longer) in training and evaluation, no validation during training: no BFCL score, a test of the
+# machinery
 SMOKE = ["policy.model=smollm2-135m", "policy.device=auto", "policy.gradient_checkpointing=false",
          "interface.tool_format=signatures", "rollout.num_generations=2", "rollout.max_turns=1",
          "rollout.max_new_tokens=16", "rollout.max_model_calls=2", "rollout.max_response_tokens=null",
          "rollout.max_context_tokens=4096", "rollout.generation_batch_size=null", "rollout.generation_token_budget=null",
-         "grpo.steps=1", "grpo.tasks_per_step=1", "grpo.mini_batches=1"]
+         "grpo.steps=1", "grpo.tasks_per_step=1", "grpo.mini_batches=1", "validation.every=null"]
 
 
 # ---- the cost: seal_lite/core/plan.py, the arithmetic `seal-lite recipe --card` prints for one card -------------
@@ -140,7 +141,7 @@ def plan(seeds: int, overrides: list[str], speed: Speed = Speed()) -> dict:
         row["paged_pool_tokens"] = card_paged(recipe, shape, card)
         for case, (train, held_out, decode_steps) in episodes.items():
             for engine in ("generate", "vllm", "paged") if card.vllm else ("generate", "paged"):
-                run = run_cost(recipe, shape, card, train, speed, decode_steps, engine)
+                run = run_cost(recipe, shape, card, train, speed, decode_steps, engine, held_out)
                 evaluated = evaluation_cost(recipe, shape, card, held_out, speed, decode_steps, engine=engine)
                 key = case if engine == "generate" else f"{case}, {engine}"
                 row["cases"][key] = {"run": run, "evaluation": evaluated,
@@ -172,6 +173,12 @@ def print_design(design: dict) -> None:
           f"{rollout.num_generations} = {recipe.grpo.steps * per_step:,} episodes; each at most "
           f"{rollout.max_model_calls} model messages of {rollout.max_new_tokens} tokens in a "
           f"{rollout.max_context_tokens:,}-token context, {trained} (rollout.budget {rollout.budget}).")
+    validation = recipe.validation
+    if validation.every:
+        print(f"Each run validates {validation.count(recipe.grpo.steps)} times (every {validation.every} steps, after "
+              f"the last{', and before the first' if validation.before_training else ''}) on {validation.slice_size()} "
+              f"tasks of the {validation.split} split, greedily, and keeps the best adapter by "
+              f"{validation.metric}, as the SEAL release does.")
     print("\nEpisodes (tokens, means): measured ones play like the ground truth (the official view, Qwen2.5's "
           f"tokenizer, the BFCL data; {ANSWER_TOKENS} tokens per text answer assumed); the bound spends every budget.")
     print("| episode | opening | model messages | model tokens | environment tokens | final length |")
@@ -191,7 +198,7 @@ def print_cost(design: dict) -> None:
     print("\nESTIMATED GPU hours (no GPU has run these steps; the speeds below are assumptions). Per card, the "
           "memory model (seal_lite/core/memory.py) sizes each generate call: padded tokens a call, rows of the full "
           f"context; the update's estimated peak is {update_gb:.1f} GB (seal_lite/core/plan.py, update_peak_bytes).")
-    print("| card | tokens per call (rows of 16k) | run: prefill + decode + update, h | evaluation, h "
+    print("| card | tokens per call (rows of 16k) | run: prefill + decode + update + validation, h | evaluation, h "
           f"| total, {2 * seeds} runs + {2 * seeds + 1} evaluations, h | whole-budget bound, total h |")
     print("|---|---|---|---|---|---|")
     for row in design["cards"]:
@@ -219,7 +226,7 @@ def print_cost(design: dict) -> None:
           "prefix caching reads each task's opening once a group and then only what the environment appends, and "
           "continuous batching decodes as many episodes as vLLM's KV cache holds. Its share of the card is the "
           "largest the memory model leaves beside the trainer (vLLM sleeps during the update; not measured).")
-    print(f"| card | rollout.vllm_memory (KV tokens) | run: prefill + decode + update, h | evaluation, h "
+    print(f"| card | rollout.vllm_memory (KV tokens) | run: prefill + decode + update + validation, h | evaluation, h "
           f"| total, {2 * seeds} runs + {2 * seeds + 1} evaluations, h | whole-budget bound, total h |")
     print("|---|---|---|---|---|---|")
     for row in design["cards"]:
@@ -237,10 +244,10 @@ def print_cost(design: dict) -> None:
 
 def hours_cells(row: dict, engine: str) -> str:
     """A cost table's last four cells for one card on one engine ("", ", vllm", ", paged"): a run's prefill +
-    decode + update hours, an evaluation's, the design's total, and its whole-budget bound."""
+    decode + update + validation hours, an evaluation's, the design's total, and its whole-budget bound."""
     expected, bound = row["cases"][f"like the ground truth{engine}"], row["cases"][f"whole budget{engine}"]
     run = expected["run"]
-    parts = " + ".join(f"{run[key] / 3600:.1f}" for key in ("prefill", "decode", "update"))
+    parts = " + ".join(f"{run[key] / 3600:.1f}" for key in ("prefill", "decode", "update", "validation"))
     return (f"{parts} = {run['hours']:.0f} | {expected['evaluation']['hours']:.1f} | {expected['total']:,.0f} | "
             f"{bound['total']:,.0f} |")
 
@@ -253,7 +260,7 @@ def print_paged_cost(design: dict) -> None:
           f"and then what the environment appends, with up to {PAGED_BLOCK_SIZE - 1} tokens again a message; as many "
           f"episodes decode at once as its KV pool holds, at most {recipe.generation_batch()} (the recipe's "
           "generation batch). Its pool is the largest the memory model fits beside the policy (not measured).")
-    print(f"| card | KV pool tokens (episodes of {context // 1024}k) | run: prefill + decode + update, h "
+    print(f"| card | KV pool tokens (episodes of {context // 1024}k) | run: prefill + decode + update + validation, h "
           f"| evaluation, h | total, {2 * seeds} runs + {2 * seeds + 1} evaluations, h | whole-budget bound, total h |")
     print("|---|---|---|---|---|---|")
     for row in design["cards"]:

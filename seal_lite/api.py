@@ -294,14 +294,16 @@ def report(run_dir: str | Path, out_dir: str | Path | None = None, *, trajectori
 
 
 def export(run_dir: str | Path, to: str, output: str | Path | None = None, *, step: int | None = None,
-           gguf_type: str | None = None, base_gguf: str | Path | None = None, overwrite: bool = False):
-    """Write the run's trained LoRA (its newest, or ``step``'s checkpoint) for other tools, ``to`` one of
+           best: bool = False, gguf_type: str | None = None, base_gguf: str | Path | None = None,
+           overwrite: bool = False):
+    """Write the run's trained LoRA (its newest, ``step``'s checkpoint, or with ``best`` its best validation
+    checkpoint) for other tools, ``to`` one of
     "merged" (a Hugging Face model directory), "gguf" (one GGUF, its LoRA'd matrices as ``gguf_type``: f16, f32,
     bf16 or q8_0) or "lora-gguf" (a llama.cpp adapter); ``output`` defaults to RUN/export/. ``base_gguf``: the base
     model's GGUF, for a run whose policy.model is none. Returns an ``Export`` (path, ``serve_command()``)."""
     from seal_lite.runs.export import export_run
 
-    return export_run(Path(run_dir), to, Path(output) if output else None, step=step, gguf_type=gguf_type,
+    return export_run(Path(run_dir), to, Path(output) if output else None, step=step, best=best, gguf_type=gguf_type,
                       base_gguf=Path(base_gguf) if base_gguf else None, overwrite=overwrite)
 
 

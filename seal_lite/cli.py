@@ -186,6 +186,7 @@ def report(run_dir, report_dir, trajectories):
 @click.option("--output", type=click.Path(), metavar="PATH", help="Where to write it (default RUN/export/merged, "
               "RUN/export/merged-f16.gguf or RUN/export/lora.gguf).")
 @click.option("--step", type=int, help="That step's checkpoint instead of the run's newest adapter.")
+@click.option("--best", is_flag=True, help="The best validation checkpoint (RUN/best-adapter) instead.")
 @click.option("--gguf-type", type=click.Choice(["f16", "f32", "bf16", "q8_0"]),
               help="With --to gguf: the type of the matrices the LoRA changed (default f16; the other tensors keep "
               "the base GGUF's types).")
@@ -193,7 +194,7 @@ def report(run_dir, report_dir, trajectories):
               help="The base model as a GGUF, for a run whose policy.model is a hub id or a directory (convert it "
               "with llama.cpp's convert_hf_to_gguf.py).")
 @click.option("--overwrite", is_flag=True, help="Replace what is at --output.")
-def export(run_dir, kind, output, step, gguf_type, base_gguf, overwrite):
+def export(run_dir, kind, output, step, best, gguf_type, base_gguf, overwrite):
     """Export a run's trained LoRA for other tools: a merged model, a GGUF, or a LoRA GGUF (docs/export.md).
 
     Prints what it wrote and a command that serves it.
@@ -204,7 +205,8 @@ def export(run_dir, kind, output, step, gguf_type, base_gguf, overwrite):
       seal-lite export runs/quickstart --to gguf --gguf-type q8_0 --output qwen-seal.gguf
       seal-lite export runs/quickstart --to merged --step 1
     """
-    done = api.export(run_dir, kind, output, step=step, gguf_type=gguf_type, base_gguf=base_gguf, overwrite=overwrite)
+    done = api.export(run_dir, kind, output, step=step, best=best, gguf_type=gguf_type, base_gguf=base_gguf,
+                      overwrite=overwrite)
     click.echo(f"wrote {done.path} (--to {done.kind}, from {done.adapter})")
     click.echo(f"serve it: {done.serve_command()}")
 

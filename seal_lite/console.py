@@ -448,8 +448,10 @@ def print_card_plan(recipe, plan: dict) -> None:
     console.print(f"  update    one trajectory of {recipe.rollout.max_context_tokens:,} tokens a pass needs about "
                   f"{plan['update_gb']:.1f} GB: {fits[plan['update_fits']]} (an estimate; no GPU has measured it)")
     for case, hours in plan["hours"].items():
+        validations = (f" and {hours['validations']} validations ({hours['validation']:,.0f} h)"
+                       if hours["validations"] else "")
         console.print(f"  hours     episodes {case}: {hours['step']:.2f} h a step, {hours['run']:,.0f} h for the "
-                      f"{recipe.grpo.steps} steps ({hours['update_share']:.0%} of it the update)")
+                      f"{recipe.grpo.steps} steps{validations} ({hours['update_share']:.0%} of it the update)")
     console.print("            estimated: the speeds are assumptions until a GPU measures them "
                   "(seal_lite/core/plan.py, Speed; docs/gpu.md)")
 

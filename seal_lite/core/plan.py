@@ -302,9 +302,10 @@ def engine_cost(recipe, shape, card: Card, episode: Episode, trajectories: int, 
 
 
 def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_steps: int,
-             engine: str = "generate") -> dict:
+             engine: str = "generate", held_out: Episode | None = None) -> dict:
     """One training run: per step, tasks x G episodes rolled out (``engine``: generate, vllm or paged) and the
-    update over them; all its steps."""
+    update over them; all its steps; and its validations (recipe section ``validation``), each a greedy evaluation of
+    the held-out slice with episodes like ``held_out`` (default: like the training's)."""
     trajectories = recipe.grpo.tasks_per_step * recipe.rollout.num_generations
     budget = card_budget(recipe, shape, card)
     rollout = engine_cost(recipe, shape, card, episode, trajectories, recipe.rollout.num_generations, speed,
@@ -313,10 +314,14 @@ def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_s
                          update_passes(recipe), speed, recompute_passes(recipe))
     step = {**rollout, **update, "generated_tokens": trajectories * episode.model_tokens}
     step.pop("rows", None)
-    steps = recipe.grpo.steps
+    steps, validations = recipe.grpo.steps, recipe.validation.count(recipe.grpo.steps)
+    validation = evaluation_cost(recipe, shape, card, held_out or episode, speed, decode_steps,
+                                 recipe.validation.slice_size(), engine) if validations else {"hours": 0.0}
     return {"steps": steps, "trajectories": steps * trajectories, "budget": budget,
             **{key: steps * value for key, value in step.items()},
-            "hours": steps * (rollout["prefill"] + rollout["decode"] + update["update"]) / 3600}
+            "validations": validations, "validation": validations * validation["hours"] * 3600,
+            "hours": steps * (rollout["prefill"] + rollout["decode"] + update["update"]) / 3600
+            + validations * validation["hours"]}
 
 
 def evaluation_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_steps: int,
@@ -371,10 +376,12 @@ def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
     pool = card_paged(recipe, shape, card)
     steps = recipe.grpo.steps
     hours = {}
+    held_out = episode_cases(rollout, speed, recipe.validation.split)
     for case, (episode, decode_steps) in episode_cases(rollout, speed).items():
-        run = run_cost(recipe, shape, card, episode, speed, decode_steps, engine)
-        hours[case] = {"step": run["hours"] / steps, "run": run["hours"],
-                       "update_share": run["update"] / (run["prefill"] + run["decode"] + run["update"])}
+        run = run_cost(recipe, shape, card, episode, speed, decode_steps, engine, held_out[case][0])
+        validation = run["validation"] / 3600
+        hours[case] = {"step": (run["hours"] - validation) / steps, "run": run["hours"], "validation": validation,
+                       "validations": run["validations"], "update_share": run["update"] / 3600 / run["hours"]}
     return {"card": card, "engines": engines, "rows": rows, "budget": budget, "fitting_budget": fits,
             "call_gb": call / GIB, "update_gb": update / GIB,
             "call_fits": call <= 0.9 * card_bytes, "update_fits": update <= 0.9 * card_bytes,

@@ -338,6 +338,10 @@ class GRPOConfig(Section):
         return value
 
 
+OFFICIAL_CONTEXT_TOKENS = 16384  # the paper's model context: the official tool block alone is 3-6k tokens
+SPLIT_CATEGORY_TASKS = 100  # data/train_ids.txt and data/eval_ids.txt hold 100 tasks of each category
+
+
 class ValidationConfig(Section):
     every: int | None = Field(
         None, ge=1, description="Validate every this many steps, and after the last (the SEAL release: 10, its "
@@ -370,6 +374,25 @@ class ValidationConfig(Section):
         "of ground-truth turns passed, which moves long before a small model solves whole tasks). Ties keep the "
         "earlier step.",
     )
+
+    def after(self, step: int, last_step: int) -> bool:
+        """Whether a validation follows ``step`` (0: before the first step): every ``every`` steps and after the
+        last, as the release's ``test_freq``."""
+        if not self.every:
+            return False
+        if step == 0:
+            return self.before_training
+        return step % self.every == 0 or step == last_step
+
+    def count(self, steps: int) -> int:
+        """How many validations a run of ``steps`` steps plays."""
+        return sum(self.after(step, steps) for step in range(steps + 1))
+
+    def slice_size(self) -> int:
+        """How many tasks one validation plays."""
+        if self.task_ids:
+            return len(self.task_ids)
+        return len(self.categories) * min(self.tasks_per_category or SPLIT_CATEGORY_TASKS, SPLIT_CATEGORY_TASKS)
 
 
 TRACKERS = ("none", "trackio", "tensorboard", "wandb")

@@ -25,6 +25,7 @@ from seal_lite.core.errors import ConfigError, RunError
 from seal_lite.core.interface import NOT_BFCL_VIEW, evaluation_interface
 from seal_lite.core.labels import SUCCESS_LABELS
 from seal_lite.core.recipe import Recipe, RolloutConfig, load_recipe
+from seal_lite.core.recipe_sections import OFFICIAL_CONTEXT_TOKENS
 from seal_lite.core.types import Trajectory
 from seal_lite.engines.store import Store
 from seal_lite.envs.bfcl import CATEGORIES, Task, category_of, load_tasks, split_ids
@@ -42,9 +43,6 @@ class TaskResult:
     turns_passed: int
     turns: int
     labels: list[str]
-
-
-OFFICIAL_CONTEXT_TOKENS = 16384  # the paper's model context: the official tool block alone is 3-6k tokens
 
 
 def evaluation_rollout(rollout: RolloutConfig) -> RolloutConfig:

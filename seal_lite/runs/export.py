@@ -59,20 +59,24 @@ class Export:
                 f"--lora_path {shlex.quote(str(self.path))}")
 
 
-def export_run(run_dir: Path, kind: str, output: Path | None = None, *, step: int | None = None,
+def export_run(run_dir: Path, kind: str, output: Path | None = None, *, step: int | None = None, best: bool = False,
                base_gguf: Path | None = None, gguf_type: str | None = None, overwrite: bool = False) -> Export:
-    """Write the run's newest trained LoRA (``step``: that step's checkpoint) as ``kind``, to ``output`` (default under
-    RUN/export/). Every problem with the request is raised before a model loads."""
+    """Write the run's newest trained LoRA (``step``: that step's checkpoint; ``best``: the best validation
+    checkpoint) as ``kind``, to ``output`` (default under RUN/export/). Every problem with the request is raised before
+    a model loads."""
     if kind not in KINDS:
         raise ConfigError(f"--to {kind!r}: use one of {', '.join(KINDS)}")
+    if best and step is not None:
+        raise ConfigError("--best and --step name two adapters; export one of them")
     if gguf_type is not None and kind != "gguf":
         raise ConfigError(f"--gguf-type is the type of a merged GGUF's matrices; --to {kind} has none")
     if base_gguf is not None and kind == "merged":
         raise ConfigError("--base-gguf is for the GGUF kinds; --to merged starts from the run's policy.model")
     gguf_type = gguf_type or DEFAULT_GGUF_TYPE
     store = Store.open_readonly(Path(run_dir) / "seal.db")
-    recipe, adapter = _run_recipe(store, run_dir), _adapter(store, Path(run_dir), step)
-    out = Path(output) if output else default_out(Path(run_dir), kind, step, gguf_type)
+    recipe = _run_recipe(store, run_dir)
+    adapter = _adapter(store, Path(run_dir), step, recipe.validation.metric if best else None)
+    out = Path(output) if output else default_out(Path(run_dir), kind, "best" if best else step, gguf_type)
     _check_out(out, kind, overwrite)
     if kind != "merged":
         base_gguf = Path(base_gguf) if base_gguf else policy_gguf(recipe)
@@ -91,10 +95,12 @@ def export_run(run_dir: Path, kind: str, output: Path | None = None, *, step: in
     return Export(kind, out, adapter, recipe.policy.model, base_gguf)
 
 
-def default_out(run_dir: Path, kind: str, step: int | None, gguf_type: str) -> Path:
-    """RUN/export/merged, RUN/export/merged-<type>.gguf or RUN/export/lora.gguf (under step-N/ for a checkpoint)."""
+def default_out(run_dir: Path, kind: str, step: int | str | None, gguf_type: str) -> Path:
+    """RUN/export/merged, RUN/export/merged-<type>.gguf or RUN/export/lora.gguf (under step-N/ for a checkpoint,
+    best/ for the best validation checkpoint)."""
     name = {"merged": "merged", "gguf": f"merged-{gguf_type}.gguf", "lora-gguf": "lora.gguf"}[kind]
-    return run_dir / "export" / (f"step-{step}" if step is not None else "") / name
+    folder = "best" if step == "best" else f"step-{step}" if step is not None else ""
+    return run_dir / "export" / folder / name
 
 
 def policy_gguf(recipe: Recipe) -> Path:
@@ -115,10 +121,13 @@ def _run_recipe(store: Store, run_dir: Path) -> Recipe:
         raise RunError(f"{run_dir} holds no run yet; export after its first step") from None
 
 
-def _adapter(store: Store, run_dir: Path, step: int | None) -> Path:
-    """The LoRA directory to export: the run's newest adapter, or the checkpoint of ``step``."""
-    from seal_lite.runs.evaluate_bfcl import trained_adapters
+def _adapter(store: Store, run_dir: Path, step: int | None, best_by: str | None = None) -> Path:
+    """The LoRA directory to export: the run's newest adapter, the checkpoint of ``step``, or with ``best_by`` (the
+    recipe's validation.metric) the best validation checkpoint."""
+    from seal_lite.runs.evaluate_bfcl import best_adapter, trained_adapters
 
+    if best_by:
+        return best_adapter(store, run_dir, best_by)[1]
     [(_, adapter)] = trained_adapters(store, run_dir, () if step is None else (step,))
     if not (adapter / "adapter_config.json").is_file():
         raise RunError(f"{adapter} holds no saved LoRA (adapter_config.json); was it moved or pruned?")

@@ -2,8 +2,8 @@
 
 Every ``validation.every`` steps, after the last step, and before the first with ``before_training``, the current
 policy plays the held-out slice once, greedily, under BFCL's own view, scored by the official verdict: what
-``seal-lite eval`` does (seal_lite/runs/evaluate_bfcl.py), here on the run's own rollout engine and within its
-context. The results go to the store's ``validations`` table under the step. When the score (``validation.metric``,
+``seal-lite eval`` does (seal_lite/runs/evaluate_bfcl.py), here on the run's own rollout engine (the recipe's context
+must hold the official view: 16,384 tokens at least). The results go to the store's ``validations`` table under the step. When the score (``validation.metric``,
 averaged over the slice's categories) beats every earlier one, that adapter becomes the run's best: RUN/best-adapter,
 beside the final RUN/adapter; ``seal-lite eval RUN --best`` scores it.
 
@@ -48,16 +48,6 @@ def validation_task_ids(config: ValidationConfig) -> list[str]:
     return ids
 
 
-def is_validation_step(config: ValidationConfig, step: int, last_step: int) -> bool:
-    """Whether the validation follows ``step`` (0: before the first step): every ``every`` steps and after the
-    last, as the release's ``test_freq``."""
-    if not config.every:
-        return False
-    if step == 0:
-        return config.before_training
-    return step % config.every == 0 or step == last_step
-
-
 def settle_best_adapter(out_dir: Path, store: Store, metric: str) -> None:
     """Make RUN/best-adapter the adapter of the step the store names best: move that step's staged adapter into
     place, and remove every other staged one (a step a resumed run rolled back, or a best already superseded)."""
@@ -100,15 +90,14 @@ class Validator:
         self.generator, self.sync, self.save_adapter, self.progress, self.report = (
             generator, sync, save_adapter, progress, report)
         self.tasks = [task.truncated(recipe.rollout.max_turns) for task in load_tasks(validation_task_ids(self.config))]
-        # the official surface's rules (greedy, strict parser, no per-turn cap) within the engine's own context
+        # the official surface's rules, as `seal-lite eval` plays them (the recipe's context is at least theirs)
         self.rollout = evaluation_rollout(recipe.rollout).model_copy(update={
-            "max_context_tokens": recipe.rollout.max_context_tokens,
             "generation_batch_size": recipe.generation_batch()})
 
     def __call__(self, step: int) -> None:
         """Validate after ``step`` (0: the base policy) if the recipe asks for it, storing the results under the
         step; stage the adapter if it is the best so far (``settle`` moves it into place)."""
-        if not is_validation_step(self.config, step, self.last_step):
+        if not self.config.after(step, self.last_step):
             return
         previous = best_step(self.store, self.config.metric)
         self.progress.validation_started(step, len(self.tasks))

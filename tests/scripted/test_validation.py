@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from seal_lite import api
+from seal_lite.core.errors import ConfigError, RunError
 from seal_lite.core.recipe import RecipeError, load_recipe
 from seal_lite.core.recipe_sections import ValidationConfig
 from seal_lite.engines.store import Store
@@ -18,7 +19,6 @@ from seal_lite.runs.preflight import check
 from seal_lite.runs.train import run
 from seal_lite.runs.validation import (
     STAGED_PREFIX,
-    is_validation_step,
     settle_best_adapter,
     validation_task_ids,
 )
@@ -33,7 +33,7 @@ def tiny_recipe(model_dir: str, **validation):
         "rollout.backend": "transformers", "interface.tool_format": "signatures",
         "data.task_ids": ["multi_turn_base_0", "multi_turn_base_1"], "grpo.tasks_per_step": 1, "grpo.steps": 3,
         "rollout.num_generations": 2, "rollout.max_turns": 1, "rollout.max_new_tokens": 8,
-        "rollout.max_model_calls": 1, "rollout.max_context_tokens": 8192,  # the official tool block fits
+        "rollout.max_model_calls": 1, "rollout.max_context_tokens": 16384,  # the official view's
         **{f"validation.{key}": value for key, value in validation.items()},
     })
 
@@ -44,25 +44,31 @@ def lora_weights(directory) -> dict[str, torch.Tensor]:
 
 def test_validation_steps_follow_every_the_last_step_and_before_training():
     config = ValidationConfig(every=10, before_training=True)
-    assert [step for step in range(73) if is_validation_step(config, step, 72)] == [0, 10, 20, 30, 40, 50, 60, 70, 72]
-    assert not any(is_validation_step(ValidationConfig(), step, 72) for step in range(73))
-    assert [step for step in range(4) if is_validation_step(ValidationConfig(every=2), step, 3)] == [2, 3]
+    assert [step for step in range(73) if config.after(step, 72)] == [0, 10, 20, 30, 40, 50, 60, 70, 72]
+    assert config.count(72) == 9 and config.slice_size() == 400
+    assert not any(ValidationConfig().after(step, 72) for step in range(73)) and ValidationConfig().count(72) == 0
+    assert [step for step in range(4) if ValidationConfig(every=2).after(step, 3)] == [2, 3]
 
 
 def test_the_slice_takes_the_first_tasks_of_each_category_in_the_splits_order():
     ids = validation_task_ids(ValidationConfig(tasks_per_category=2, categories=["base", "miss_param"]))
     assert len(ids) == 4 and [i.rsplit("_", 1)[0] for i in ids] == ["multi_turn_base"] * 2 + ["multi_turn_miss_param"] * 2
     assert len(validation_task_ids(ValidationConfig())) == 400  # the release's: every held-out task
+    for config in (ValidationConfig(tasks_per_category=2, categories=["base", "miss_param"]),
+                   ValidationConfig(tasks_per_category=500), ValidationConfig(task_ids=HELD_OUT)):
+        assert config.slice_size() == len(validation_task_ids(config))  # what the plan counts
     assert validation_task_ids(ValidationConfig(task_ids=HELD_OUT, tasks_per_category=1)) == HELD_OUT
 
 
 def test_bad_validation_settings_are_refused_with_the_fix():
     with pytest.raises(RecipeError, match="validation.every"):
         load_recipe(None, {"validation.every": 0})
+    with pytest.raises(RecipeError, match="validation.every.*rollout.max_context_tokens to 16384"):
+        load_recipe(None, {"validation.every": 5})  # the quickstart's 4096 cannot hold the official view
     with pytest.raises(RecipeError, match="validation.task_ids.*multi_turn_base_99999.*no such task"):
         check(load_recipe(None, {"validation.task_ids": ["multi_turn_base_99999"]}))
-    problems = load_recipe(None, {"validation.every": 5, "grpo.tasks_per_step": 2, "data.task_ids": HELD_OUT}
-                           ).process_problems(2)
+    problems = load_recipe(None, {"validation.every": 5, "grpo.tasks_per_step": 2, "data.task_ids": HELD_OUT,
+                                  "rollout.max_context_tokens": 16384}).process_problems(2)
     assert problems and "validation.every" in problems[0] and "seal-lite eval RUN --step N" in problems[0]
 
 
@@ -97,8 +103,12 @@ def test_a_validated_run_keeps_its_best_adapter_and_trains_exactly_as_without_va
     assert "This adapter is the run's best validation checkpoint: step 0" in card
     assert "| 0 (best) | 2 |" in card and "| 3 | 2 |" in card
     assert "This adapter is the final one: step 3" in (validated / "adapter" / "README.md").read_text()
-    with pytest.raises(Exception, match="no best validation checkpoint"):
+    exported = api.export(validated, "merged", best=True)
+    assert exported.adapter == validated / BEST_ADAPTER and exported.path == validated / "export" / "best" / "merged"
+    with pytest.raises(RunError, match="no best validation checkpoint"):
         api.evaluate(plain, best=True, split=",".join(HELD_OUT))
+    with pytest.raises(ConfigError, match="--best and --step"):
+        api.export(validated, "merged", best=True, step=3)
 
 
 def test_the_best_adapter_follows_the_best_score(tmp_path, tiny_model_dir, monkeypatch):
@@ -185,3 +195,31 @@ def test_a_resumed_run_drops_the_validations_of_the_steps_it_rolls_back(tmp_path
     validations(store, {0: False, 1: True, 2: True})
     store.rollback_after(1)
     assert sorted({row["step"] for row in store.validations()}) == [0, 1]
+
+
+def test_a_run_killed_after_a_validation_resumes_with_one_validation_per_step_and_its_best(tmp_path, tiny_model_dir,
+                                                                                           monkeypatch):
+    """Killed after step 3's validation, before its commit: the resumed run drops that validation with the step,
+    validates step 3 again once, and keeps the best adapter the store names."""
+    commit = Store.commit_checkpoint
+
+    def killed_at_step_3(self, step, path, seal_state):
+        if step == 3:
+            raise KeyboardInterrupt("killed")
+        commit(self, step, path, seal_state)
+
+    recipe = tiny_recipe(tiny_model_dir, every=1, before_training=True, task_ids=HELD_OUT)
+    monkeypatch.setattr(Store, "commit_checkpoint", killed_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        run(recipe, tmp_path)
+    assert sorted({row["step"] for row in Store(tmp_path / "seal.db").validations()}) == [0, 1, 2, 3]
+    assert (tmp_path / BEST_ADAPTER).is_dir()  # the base model's: step 0 settled before training
+    monkeypatch.setattr(Store, "commit_checkpoint", commit)
+    summary = run(recipe, tmp_path)
+    store = Store(tmp_path / "seal.db")
+    created = {}
+    for row in store.validations():
+        created.setdefault(row["step"], set()).add(row["created_at"])
+    assert sorted(created) == [0, 1, 2, 3] and all(len(times) == 1 for times in created.values())
+    assert summary.best == best_step(store, "accuracy") and (tmp_path / BEST_ADAPTER / "adapter_config.json").is_file()
+    assert not list(tmp_path.glob(f"{STAGED_PREFIX}*")) and not list(tmp_path.glob(f".{BEST_ADAPTER}-old"))

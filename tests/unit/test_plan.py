@@ -41,12 +41,13 @@ def test_a_recipe_that_does_not_fit_a_card_is_told_the_budget_that_does():
     assert plan.card_plan(unsloth, shape, CARD["t4"])["call_gb"] < on_t4["call_gb"]
 
 
-def test_a_steps_hours_are_the_runs_over_its_steps_and_a_faster_card_takes_fewer():
+def test_a_runs_hours_are_its_steps_and_its_validations_and_a_faster_card_takes_fewer():
     recipe = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml")
     shape = KNOWN_SHAPES[recipe.policy.model]
     a100, h100 = (plan.card_plan(recipe, shape, CARD[key]) for key in ("a100-80gb", "h100-80gb-sxm"))
     for case, hours in a100["hours"].items():
-        assert hours["run"] == pytest.approx(hours["step"] * recipe.grpo.steps)
+        assert hours["validations"] == 9 and hours["validation"] > 0
+        assert hours["run"] == pytest.approx(hours["step"] * recipe.grpo.steps + hours["validation"])
         assert 0 < hours["update_share"] < 1 and h100["hours"][case]["run"] < hours["run"]
     assert a100["hours"]["whole budget"]["run"] > a100["hours"]["like the ground truth"]["run"]
 
@@ -175,8 +176,9 @@ def test_the_card_plan_prices_paged_rollouts_when_the_recipe_names_them():
     assert (generate["rollouts"], paged["rollouts"]) == ("generate", "paged")
     assert paged["pool_tokens"] == plan.card_paged(recipe, shape, CARD["t4"]) and paged["pool_fits"]
     assert paged["call_gb"] == generate["call_gb"] and paged["update_gb"] == generate["update_gb"]
+    held_out = plan.episode_cases(recipe.rollout, plan.Speed(), "eval")
     for case, (episode, decode_steps) in plan.episode_cases(recipe.rollout, plan.Speed()).items():
-        run = plan.run_cost(recipe, shape, CARD["t4"], episode, plan.Speed(), decode_steps, "paged")
+        run = plan.run_cost(recipe, shape, CARD["t4"], episode, plan.Speed(), decode_steps, "paged", held_out[case][0])
         assert paged["hours"][case]["run"] == pytest.approx(run["hours"]) != generate["hours"][case]["run"]
     wide = _paged(recipe).model_copy(update={"rollout": _paged(recipe).rollout.model_copy(
         update={"max_context_tokens": paged["pool_tokens"]})})
@@ -190,3 +192,17 @@ def test_the_card_option_says_paged_and_its_pool():
     text = " ".join(result.output.split())
     assert "paged rollouts" in text and "rollouts paged: a KV pool of" in text and "widest generate call" not in text
     assert "to fit" not in text  # the budget a generate call needs is no concern of the paged engine
+
+
+def test_a_run_costs_its_validations_as_greedy_evaluations_of_the_slice():
+    recipe, shape = _paper()  # validation every 10 of 72 steps, before the first and after the last: 9 of 400 tasks
+    unvalidated = recipe.model_copy(update={"validation": recipe.validation.model_copy(update={"every": None})})
+    speed = plan.Speed()
+    (episode, decode_steps), (held_out, _) = (plan.episode_cases(recipe.rollout, speed, split)["like the ground truth"]
+                                             for split in ("train", "eval"))
+    for engine in plan.ENGINES:
+        validated, plain = (plan.run_cost(r, shape, CARD["rtx-4090"], episode, speed, decode_steps, engine, held_out)
+                            for r in (recipe, unvalidated))
+        one = plan.evaluation_cost(recipe, shape, CARD["rtx-4090"], held_out, speed, decode_steps, 400, engine)
+        assert (validated["validations"], plain["validations"], plain["validation"]) == (9, 0, 0)
+        assert validated["hours"] - plain["hours"] == pytest.approx(9 * one["hours"]) and one["hours"] > 0
