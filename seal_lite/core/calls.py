@@ -1,4 +1,4 @@
-"""Safe parsing of model text into tool calls, in two modes (``rollout.parser``).
+"""Safe parsing of model text into tool calls, in four modes (``rollout.parser``).
 
 * ``strict`` is the official BFCL surface of the SEAL release (docs/method.md §8, ``strict_tool_parser``):
   calls are ``<tool_call>{"name": "cd", "arguments": {"folder": "x"}}</tool_call>`` blocks whose object has
@@ -7,11 +7,16 @@
 * ``lenient`` also reads BFCL's python-call form ``[cd(folder='x'), ls()]`` (optionally inside a code fence),
   unclosed blocks and "parameters" for "arguments", and keeps the well-formed calls of a message beside its
   malformed ones. ``seal-lite verify`` and ground-truth replay use it: their input is python-call strings.
+* ``toolace`` and ``llama3.1`` are the release's formats for Llama-family models (ToolACE-2's python call list,
+  Meta's raw JSON calls), read by seal_lite/core/llama_formats.py as the release reads them, strict like
+  ``strict``: any error rejects the whole message. Each also has its own prompt and tool results, so a parser
+  names a call format (``call_format``): Qwen's for strict and lenient, else its own.
 
 Model text is never executed. Python-style calls are read with ``ast.parse`` and each argument value with
 ``ast.literal_eval``, which only builds literals; JSON goes through ``json.loads``. Every value is then
-checked to be JSON-like (str, int, finite float, bool, None, list, dict with str keys). What fails becomes a
-``ParseError`` entry for the turn, never an exception in the loop.
+checked to be JSON-like (str, int, finite float, bool, None, list, dict with str keys), and every tool and
+argument name to be a plain identifier: seal-lite's guards on top of the release's checks. What fails becomes
+a ``ParseError`` entry for the turn, never an exception in the loop.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from seal_lite.core.llama_formats import LLAMA31, TOOLACE, FormCalls, read_llama31, read_toolace
+
+QWEN = "qwen"  # the call format of strict and lenient: Qwen's <tool_call> blocks and tool block
+FORM_READERS = {TOOLACE: read_toolace, LLAMA31: read_llama31}
 MAX_CALL_TEXT_CHARS = 20_000  # longer model outputs are rejected before parsing (cost and recursion guard)
 MAX_VALUE_DEPTH = 20
 
@@ -60,13 +69,33 @@ class _InvalidCall(ValueError):
     pass
 
 
+def call_format(parser: str) -> str:
+    """The format a parser reads, which also sets the prompt and the tool results: ``qwen`` for strict and lenient,
+    else the parser's own (toolace, llama3.1)."""
+    return parser if parser in FORM_READERS else QWEN
+
+
+def evaluation_parser(parser: str) -> str:
+    """The parser evaluation uses: strict in Qwen's format (lenient is a training aid), else the recipe's own
+    format, in which the release evaluates a ToolACE or Llama-3.1 policy."""
+    return parser if parser in FORM_READERS else "strict"
+
+
+def rejects_whole_message(parser: str) -> bool:
+    """Whether one bad call rejects every call of its message (strict, toolace, llama3.1: the release's strict
+    parsers), rather than only itself (lenient)."""
+    return parser != "lenient"
+
+
 def parse_calls(text: str, parser: str = "lenient") -> ParsedCalls:
-    """Extract tool calls from one model message with the ``strict`` or ``lenient`` parser. Never raises on any
-    input string."""
+    """Extract tool calls from one model message with the ``strict``, ``lenient``, ``toolace`` or ``llama3.1``
+    parser. Never raises on any input string."""
     if len(text) > MAX_CALL_TEXT_CHARS:
         return ParsedCalls(errors=[f"message too long to parse ({len(text)} > {MAX_CALL_TEXT_CHARS} chars)"])
     if parser == "strict":
         return _parse_strict(text)
+    if parser in FORM_READERS:
+        return _guarded(FORM_READERS[parser](text))
     blocks = _TOOL_CALL_BLOCK.findall(text)
     if blocks:
         return _collect(blocks, _parse_json_call)
@@ -107,6 +136,20 @@ def _parse_strict(text: str) -> ParsedCalls:
             continue
         try:  # seal-lite's own guards (plain identifiers, JSON-like values) on top of the release's checks
             calls.append(_make_call(name if isinstance(name, str) else "", arguments))
+        except _InvalidCall as error:
+            errors.append(str(error))
+    return ParsedCalls(errors=["; ".join(errors)]) if errors else ParsedCalls(calls=calls)
+
+
+def _guarded(form: FormCalls) -> ParsedCalls:
+    """A Llama-family message as the release reads it, then seal-lite's guards on the calls it accepts; as in the
+    release, any error makes the whole message one parse error."""
+    if form.errors:
+        return ParsedCalls(errors=["; ".join(form.errors)])
+    calls, errors = [], []
+    for name, arguments in form.calls:
+        try:
+            calls.append(_make_call(name, arguments))
         except _InvalidCall as error:
             errors.append(str(error))
     return ParsedCalls(errors=["; ".join(errors)]) if errors else ParsedCalls(calls=calls)

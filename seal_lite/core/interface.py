@@ -4,6 +4,8 @@ The plain view is the official BFCL surface of the SEAL release (``bfcl_qwen_fc`
 system message is the tool block Qwen2.5's chat template writes for ``tools=`` (every tool's BFCL doc as JSON
 inside <tools></tools>, then the <tool_call> format), tool results come back as <tool_response> blocks in a
 user message, and a rejected message is answered with the service's "[ERROR] Invalid tool call format: ...".
+A ToolACE or Llama-3.1 run (``call_format`` toolace or llama3.1) sees the release's prompt and results for that
+format instead (seal_lite/core/llama_formats.py), with the same components on top.
 
 Three training-only components sit on top of it, each switchable, each a pure function of what the agent can
 see (tool docs, the observation, failure statistics), never of the ground truth:
@@ -27,7 +29,19 @@ import re
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from seal_lite.core.calls import QWEN
+from seal_lite.core.errors import ConfigError
 from seal_lite.core.explainer import argument_values, redact_unseen_values
+from seal_lite.core.llama_formats import (
+    LLAMA31,
+    LLAMA31_SYSTEM_PROMPT,
+    RESULT_ROLE,
+    TOOLACE,
+    llama31_first_message,
+    llama31_tool_prompt,
+    result_text,
+    toolace_system_prompt,
+)
 from seal_lite.core.types import REJECTED, CallStatus, Label
 
 # The tool block, byte for byte as the SEAL release's tools_schema_to_qwen_prompt("bfcl_qwen_fc") writes it.
@@ -46,6 +60,11 @@ GUIDELINES_HEADER = "# Behavioral guidelines (env-evolved from recent failures):
 class View:
     system_prompt: str
     tools: list[dict]
+    tool_prompt: str = ""  # llama3.1: the tools and the interface's lines, before the first user question
+
+    def first_user_message(self, question: str) -> str:
+        """The first user message: the question, after the tool prompt in the formats that put one there."""
+        return llama31_first_message(self.tool_prompt, question) if self.tool_prompt else question
 
 
 @dataclass(frozen=True)
@@ -56,15 +75,21 @@ class TrainingInterface:
     recovery_feedback: bool = False  # phi_err
     guidelines: tuple[str, ...] = ()  # phi_cap lines shown now
     tool_format: str = "official"
+    call_format: str = QWEN  # whose prompt, call syntax and results: qwen, toolace or llama3.1 (rollout.parser's)
+
+    def __post_init__(self):
+        if self.tool_format != "official" and self.call_format != QWEN:
+            raise ConfigError(f"tool format {self.tool_format} is a form of Qwen's tool block: the {self.call_format} "
+                              "format shows every tool in its own prompt; use the official tool format")
 
     @property
     def plain(self) -> bool:
         return not (self.schema_cues or self.recovery_feedback or self.guidelines)
 
 
-def evaluation_interface(tool_format: str = "official") -> TrainingInterface:
+def evaluation_interface(tool_format: str = "official", call_format: str = QWEN) -> TrainingInterface:
     """What evaluation sees: the plain view. It takes no training state, so none can reach it."""
-    return TrainingInterface(tool_format=tool_format)
+    return TrainingInterface(tool_format=tool_format, call_format=call_format)
 
 
 def apply_schema_cues(functions: list[dict]) -> list[dict]:
@@ -124,20 +149,23 @@ def _signature(doc: dict) -> str:
 
 def render_view(functions: list[dict], interface: TrainingInterface) -> View:
     """The system message and tool docs for one episode under ``interface``: the tool block, then what the
-    training interface adds, each part after an empty line (as the release appends its extra instructions)."""
+    training interface adds, each part after an empty line (as the release appends its extra instructions). In
+    the llama3.1 format the system message is fixed and all of that goes before the first question, as the
+    release's get_init_state puts it."""
     tools = apply_schema_cues(functions) if interface.schema_cues else copy.deepcopy(functions)
-    parts = [tool_block(tools, interface.tool_format)]
-    if interface.schema_cues:
-        parts.append(SCHEMA_CUE_LINE)
+    extras = [SCHEMA_CUE_LINE] if interface.schema_cues else []
     if interface.guidelines:
-        parts.append(GUIDELINES_HEADER + "\n" + "\n".join(f"- {line}" for line in interface.guidelines))
-    return View("\n\n".join(parts), tools)
+        extras.append(GUIDELINES_HEADER + "\n" + "\n".join(f"- {line}" for line in interface.guidelines))
+    if interface.call_format == LLAMA31:
+        return View(LLAMA31_SYSTEM_PROMPT, tools, llama31_tool_prompt(tools, extras))
+    prompt = toolace_system_prompt(tools) if interface.call_format == TOOLACE else tool_block(tools, interface.tool_format)
+    return View("\n\n".join([prompt, *extras]), tools)
 
 
 def observation(results: list[tuple[str, str]], interface: TrainingInterface, visible: list[str]) -> str:
     """The environment's reply to one model message from its calls' (status, result): each executed call's
-    result as a <tool_response> block, a rejected call's [ERROR] line once, joined by newlines; with phi_err on,
-    one hint after each failure."""
+    result as a <tool_response> block (in the Llama-family formats as that format writes a result), a rejected
+    call's [ERROR] line once, joined by newlines; with phi_err on, one hint after each failure."""
     parts, seen = [], set()
     for status, result in results:
         if status in REJECTED:
@@ -145,18 +173,32 @@ def observation(results: list[tuple[str, str]], interface: TrainingInterface, vi
                 continue
             seen.add(result)
             text = result
-        else:
+        elif interface.call_format == QWEN:
             text = f"<tool_response>\n{result}\n</tool_response>"
+        else:
+            text = result_text(result, interface.call_format)
         if interface.recovery_feedback and status not in ("ok", "rejected"):
-            text += "\nHint: " + recovery_feedback(status, result, visible)
+            text += "\nHint: " + recovery_feedback(status, result, visible, interface.call_format)
         parts.append(text)
     return "\n".join(parts)
 
 
+def observation_role(statuses: list[str], interface: TrainingInterface) -> str:
+    """Who sends the reply: ``ipython`` for executed calls' results in the Llama-family formats (Llama 3.1's tool
+    role, as the release's result modes send them), ``user`` for Qwen's results and for every rejection."""
+    executed = not any(status in REJECTED for status in statuses)
+    return RESULT_ROLE if executed and interface.call_format != QWEN else "user"
+
+
 # --- phi_err: recovery-oriented feedback ------------------------------------------------------------------
 
-PARSE_HINT = ("Write each call as <tool_call>{{\"name\": \"tool_name\", \"arguments\": {{...}}}}</tool_call>. "
-              "Available tools: {tools}. If no tool fits, answer in plain text.")
+PARSE_HINTS = {  # per call format, after the release's _enrich_parse_error hints
+    QWEN: "Write each call as <tool_call>{{\"name\": \"tool_name\", \"arguments\": {{...}}}}</tool_call>. ",
+    TOOLACE: "Write the calls as one Python list, [tool_name(arg=\"value\")], without <tool_call> tags or JSON. ",
+    LLAMA31: "Write a call as raw JSON, {{\"name\": \"tool_name\", \"parameters\": {{...}}}}, several as one JSON list, "
+             "without <tool_call> tags. ",
+}
+PARSE_HINT_END = "Available tools: {tools}. If no tool fits, answer in plain text."
 GENERIC_HINT = "Re-read the tool's schema and the error message, then correct the call."
 # (kind, pattern in the error text, hint): the first match wins. The kinds cover every error the eight BFCL API
 # classes return (tests/unit/test_error_hints.py checks each one against its intended kind).
@@ -184,11 +226,12 @@ ERROR_HINTS = [
 ]
 
 
-def recovery_feedback(status: str, result: str, visible: list[str]) -> str:
-    """phi_err: one hint for a failed call, chosen from the error text (docs/method.md §4)."""
+def recovery_feedback(status: str, result: str, visible: list[str], call_format: str = QWEN) -> str:
+    """phi_err: one hint for a failed call, chosen from the error text (docs/method.md §4); a parse error's hint
+    shows the call syntax of ``call_format``."""
     tools = ", ".join(sorted(visible))
     if status == CallStatus.PARSE_ERROR:
-        return PARSE_HINT.format(tools=tools)
+        return (PARSE_HINTS[call_format] + PARSE_HINT_END).format(tools=tools)
     if status == CallStatus.UNKNOWN_TOOL:
         return f"Use only the listed tools: {tools}."
     for _, pattern, hint in ERROR_HINTS:
@@ -273,7 +316,8 @@ def interface_from_version(row: dict) -> TrainingInterface:
     """The training interface a stored version describes (``seal-lite prompt --run`` renders it)."""
     components = row["components"]
     return TrainingInterface(bool(components.get("schema_cues")), bool(components.get("recovery_feedback")),
-                             tuple(row.get("guidelines") or ()), components.get("tool_format") or "official")
+                             tuple(row.get("guidelines") or ()), components.get("tool_format") or "official",
+                             components.get("call_format") or QWEN)
 
 
 def describe_version(row: dict) -> str:
@@ -287,6 +331,8 @@ def describe_version(row: dict) -> str:
                  f", texts from {components.get('hints', 'template')}")
     lines += [f"  - {line}" for line in row.get("guidelines") or []] or ["  (no guideline)"]
     lines.append(f"tool format: {components.get('tool_format')}")
+    if components.get("call_format", QWEN) != QWEN:  # runs in Qwen's format show what they always showed
+        lines.append(f"call format: {components['call_format']}")
     return "\n".join(lines)
 
 

@@ -92,6 +92,7 @@ class Shape:
 KNOWN_SHAPES = {
     "Qwen/Qwen2.5-3B-Instruct": Shape(36, 2048, 11008, 16, 2, 128, 151936, True),
     "Qwen/Qwen2.5-7B-Instruct": Shape(28, 3584, 18944, 28, 4, 128, 152064, False),
+    "Team-ACE/ToolACE-2-Llama-3.1-8B": Shape(32, 4096, 14336, 32, 8, 128, 128256, False),  # Llama-3.1-8B's
 }
 
 

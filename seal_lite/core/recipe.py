@@ -101,6 +101,10 @@ class Recipe(Section):
         if self.diagnoser.mode == "url" and not self.diagnoser.url:
             problems.append(("diagnoser.url", None, "diagnoser.mode url needs the server's base URL; set "
                              "diagnoser.url (e.g. http://127.0.0.1:8000) or use mode server to let seal-lite start one"))
+        if self.rollout.parser in ("toolace", "llama3.1") and self.interface.tool_format != "official":
+            problems.append(("interface.tool_format", self.interface.tool_format, "the one-line signatures are a form "
+                             f"of Qwen's tool block, and rollout.parser {self.rollout.parser} shows the tools in its "
+                             "own prompt; set interface.tool_format official"))
         refuse(problems)
         return self
 

@@ -130,12 +130,15 @@ class RolloutConfig(Section):
         "of max_context_tokens, and the update trains on the first max_response_tokens tokens after the prompt, "
         "model and environment tokens alike (environment tokens still carry no loss).",
     )
-    parser: Literal["strict", "lenient"] = Field(
+    parser: Literal["strict", "lenient", "toolace", "llama3.1"] = Field(
         "strict",
-        description="How model messages become calls. strict: the official surface (docs/method.md §8): "
-        "<tool_call>{\"name\", \"arguments\"}</tool_call> blocks only, one malformed block or hidden tool rejects "
-        "the whole message. lenient: also BFCL's python-call form and unclosed blocks, rejecting only the bad "
-        "calls. Evaluation always uses strict.",
+        description="The call format, and how model messages become calls. strict: the official surface "
+        "(docs/method.md §8): <tool_call>{\"name\", \"arguments\"}</tool_call> blocks only, one malformed block or "
+        "hidden tool rejects the whole message. lenient: also BFCL's python-call form and unclosed blocks, rejecting "
+        "only the bad calls. toolace and llama3.1: the SEAL release's formats for Llama-family models, each with its "
+        "own prompt and tool results (docs/surface.md), strict like strict: ToolACE-2's python call list "
+        "[f(a=1), g()], or Meta's raw JSON {\"name\", \"parameters\"}. Evaluation uses strict, or the recipe's "
+        "toolace or llama3.1.",
     )
     max_turns: int | None = Field(
         1, ge=1, description="Play at most this many user turns per task (None: all). Keeps CPU runs short."

@@ -198,7 +198,7 @@ def version_row(*, version: int, parent: int | None, step: int, interface: Train
         "version": version, "parent": parent, "step": step, "reason": reason,
         "components": {"schema_cues": config.schema_cues, "recovery_feedback": config.recovery_feedback,
                        "capability_hints": config.capability_hints, "hints": config.hints,
-                       "tool_format": config.tool_format},
+                       "tool_format": config.tool_format, "call_format": interface.call_format},
         "system_prompt_cues": SCHEMA_CUE_LINE if config.schema_cues else "",
         "guidelines": list(interface.guidelines),
         "statistics": window,

@@ -84,7 +84,8 @@ class _FirstCall(LogitsProcessor):
 
 def stop_ids(tokenizer, model=None) -> set[int]:
     """Every token that ends a model turn: the tokenizer's and the model's eos ids (when ``model`` is given; the
-    other engines have the tokenizer alone), and ChatML's <|im_end|>."""
+    other engines have the tokenizer alone), ChatML's <|im_end|> and Llama 3's <|eot_id|> and <|eom_id|> (a Llama
+    tokenizer may name <|end_of_text|> its eos)."""
     stops = set()
     model_eos = model.generation_config.eos_token_id if model is not None else None
     for source in (tokenizer.eos_token_id, model_eos):
@@ -92,7 +93,6 @@ def stop_ids(tokenizer, model=None) -> set[int]:
             stops.add(source)
         elif source:
             stops.update(source)
-    im_end = tokenizer.get_vocab().get("<|im_end|>")
-    if im_end is not None:
-        stops.add(im_end)
+    vocabulary = tokenizer.get_vocab()
+    stops.update(vocabulary[token] for token in ("<|im_end|>", "<|eot_id|>", "<|eom_id|>") if token in vocabulary)
     return stops

@@ -35,7 +35,7 @@ from bfcl_eval.constants.executable_backend_config import (
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as checker
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
-from seal_lite.core.calls import ToolCall, parse_calls
+from seal_lite.core.calls import ToolCall, parse_calls, rejects_whole_message
 from seal_lite.core.types import NO_SUCH_FUNCTION_CALL, CallOutcome, CallStatus, TurnEvidence, TurnRecord
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
@@ -186,14 +186,14 @@ class Environment:
     def run(self, model_text: str, turn_index: int, parser: str = "lenient") -> list[CallOutcome]:
         """Parse one model message and execute its calls; returns one outcome per attempted call.
 
-        ``strict`` (the official surface) rejects the whole message when one of its blocks is malformed or names
-        a tool the turn does not show; ``lenient`` rejects only the offending calls.
+        ``strict`` (the official surface), ``toolace`` and ``llama3.1`` reject the whole message when one of its
+        calls is malformed or names a tool the turn does not show; ``lenient`` rejects only the offending calls.
         """
         parsed = parse_calls(model_text, parser)
         outcomes = [CallOutcome(None, f"{INVALID_FORMAT} {error}", CallStatus.PARSE_ERROR) for error in parsed.errors]
         visible = {doc["name"] for doc in self.task.visible_functions(turn_index)}
         hidden = [call for call in parsed.calls if not self._available(call.name, visible)]
-        if parser == "strict" and hidden:
+        if rejects_whole_message(parser) and hidden:
             message = _not_available(hidden[0].name)
             return [CallOutcome(call, message, CallStatus.UNKNOWN_TOOL if call in hidden else CallStatus.REJECTED,
                                 exists=call.name in self._methods) for call in parsed.calls]

@@ -2,10 +2,11 @@
 
 Each task is played once, greedily, under ``evaluation_interface()`` (no training state can reach it): BFCL's
 tool block with every doc in full, the strict parser, and no cap on the model messages of a turn (a turn ends
-when the model answers without a tool call; the episode's budgets come from the recipe). It is scored with
-bfcl-eval's multi-turn checker. Per category it reports the strict verdict, the paper's metric, and the turn
-pass rate: the share of ground-truth turns labelled pass or correct_abstention. The turn pass rate moves long
-before a small model solves a whole task.
+when the model answers without a tool call; the episode's budgets come from the recipe); a recipe in a
+Llama-family format (``rollout.parser`` toolace or llama3.1) is played in that format, as the release plays it.
+It is scored with bfcl-eval's multi-turn checker. Per category it reports the strict verdict, the paper's metric,
+and the turn pass rate: the share of ground-truth turns labelled pass or correct_abstention. The turn pass rate
+moves long before a small model solves a whole task.
 
 The one opt-out is ``view="signatures"`` (one line per tool): its results are not BFCL multi-turn scores, and
 every label they are shown or stored under says so (``view_label``).
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from seal_lite.core.calls import call_format, evaluation_parser
 from seal_lite.core.errors import ConfigError, RunError
 from seal_lite.core.interface import NOT_BFCL_VIEW, evaluation_interface
 from seal_lite.core.labels import SUCCESS_LABELS
@@ -47,9 +49,10 @@ class TaskResult:
 
 def evaluation_rollout(rollout: RolloutConfig) -> RolloutConfig:
     """The recipe's budgets with the official surface's rules: greedy (generators read temperature 0 as argmax),
-    strict parsing, no per-turn cap, and at least the paper's context, so the full tool docs always fit."""
+    strict parsing (in the recipe's format), no per-turn cap, and at least the paper's context, so the full tool
+    docs always fit."""
     return rollout.model_copy(update={
-        "temperature": 0.0, "parser": "strict", "max_calls_per_turn": None,
+        "temperature": 0.0, "parser": evaluation_parser(rollout.parser), "max_calls_per_turn": None,
         "max_context_tokens": max(rollout.max_context_tokens, OFFICIAL_CONTEXT_TOKENS),
     })
 
@@ -66,7 +69,7 @@ def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, vi
     ``generation_batch_size`` at once (``task_batches``); ``on_result`` sees each task's result as soon as it is
     played. Results come in task order."""
     greedy = evaluation_rollout(rollout)
-    interface = evaluation_interface(view)
+    interface = evaluation_interface(view, call_format(greedy.parser))
     by_id = {task.id: task for task in tasks}
     results = {}
 

@@ -46,6 +46,7 @@ from seal_lite.core.advantages import (
     update_utilities,
     weighted_advantages,
 )
+from seal_lite.core.calls import call_format
 from seal_lite.core.interface import TrainingInterface, capability_guidelines, interface_for_task
 from seal_lite.core.metrics import STORE_SECONDS
 from seal_lite.core.recipe import Recipe
@@ -94,7 +95,8 @@ class SealStep:
         self.step = 0
         self.steps_per_epoch = max(1, len(self.frontier) // recipe.grpo.tasks_per_step)
         config = recipe.interface
-        self.interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
+        self.interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format,
+                                           call_format(recipe.rollout.parser))
         self.version = 1
         self.diagnoser_hints: dict[str, str] = {}  # failure label -> latest hint of the local diagnoser
         self.rollouts_done_at: float | None = None  # when the last step handed its batch to the update

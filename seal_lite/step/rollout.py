@@ -16,7 +16,9 @@ only model tokens carry loss.
 The conversation is the official BFCL surface (docs/method.md §8): a system message (the tool block, plus what
 the training interface adds), the task's user turns, and the environment's replies to tool calls as user
 messages. No ``tools=`` goes to the chat template: the tool block is already in the system message, so every
-model, with a tool template (Qwen) or without one (SmolLM2), sees the same text.
+model, with a tool template (Qwen) or without one (SmolLM2), sees the same text. The Llama-family formats
+(``rollout.parser`` toolace, llama3.1) have the release's own prompt and send executed calls' results under
+Llama 3.1's ``ipython`` role (seal_lite/core/llama_formats.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from seal_lite.core.interface import (
     TrainingInterface,
     apply_schema_cues,
     observation,
+    observation_role,
     render_view,
     revealed_tools_text,
 )
@@ -126,8 +129,11 @@ class _Episode:
 
 
 def tool_message(outcomes: list[CallOutcome], interface: TrainingInterface, visible: list[str]) -> dict:
-    """The environment's reply to one model message: a user message, as the official service sends it."""
-    return {"role": "user", "content": observation([(o.status, o.result) for o in outcomes], interface, visible)}
+    """The environment's reply to one model message, as the official service sends it: a user message (results
+    under the ipython role in the Llama-family formats)."""
+    results = [(o.status, o.result) for o in outcomes]
+    return {"role": observation_role([status for status, _ in results], interface),
+            "content": observation(results, interface, visible)}
 
 
 def rollout_group(
@@ -154,7 +160,7 @@ def rollout_groups(
     for number, (task, interface) in enumerate(tasks):
         messages = opening_messages(task, interface)
         episodes += [_Episode(task, interface, number, index, Environment(task),
-                              TokenConversation(generator.tokenizer, messages), [TurnRecord(messages[1]["content"])])
+                              TokenConversation(generator.tokenizer, messages), [TurnRecord(user_text(task, 0, interface))])
                      for index in range(group_size)]
     groups = [episodes[start : start + group_size] for start in range(0, len(episodes), group_size)]
     reported = set()
@@ -283,7 +289,8 @@ def _trajectory(e: _Episode, sampled: bool) -> Trajectory:
 def opening_messages(task: Task, interface: TrainingInterface) -> list[dict]:
     """What the policy reads before its first message: the system message of ``interface`` and the first turn."""
     view = render_view(task.visible_functions(0), interface)
-    return [{"role": "system", "content": view.system_prompt}, {"role": "user", "content": user_text(task, 0, interface)}]
+    return [{"role": "system", "content": view.system_prompt},
+            {"role": "user", "content": view.first_user_message(user_text(task, 0, interface))}]
 
 
 def turn_text(tokenizer, task: Task, turn: int, interface: TrainingInterface) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from seal_lite.core.calls import call_format
 from seal_lite.core.interface import TrainingInterface
 from seal_lite.core.recipe import Recipe
 from seal_lite.core.types import Trajectory
@@ -34,7 +35,8 @@ def screen_tasks(tasks: list[Task], generator: Generator, recipe: Recipe, store:
     gives each task's interface; by default the recipe's training interface as the first step sees it."""
     samples = recipe.data.screen
     config = recipe.interface
-    first = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format)
+    first = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format,
+                              call_format(recipe.rollout.parser))
     interface_for = interface_for or (lambda task: first)
     done = store.screen(step)
     todo = by_shared_prefix([task for task in tasks if task.id not in done or done[task.id]["samples"] != samples])

@@ -1,9 +1,10 @@
 """Hostile model output, property-based: >= 10,000 generated messages through the parser, the dispatcher and
 the diagnosis. Nothing outside the tools visible this turn runs, nothing crashes, every case gets a label.
 
-Messages mix free text, Qwen-style <tool_call> JSON blocks and BFCL python-call lists; names include hidden
-tools, private methods and builtins; values include injection payloads; some inputs are huge or nested
-thousands of levels deep. The entry is multi_turn_miss_func_0 at turn 0, where `sort` exists but is hidden.
+Messages mix free text, Qwen-style <tool_call> JSON blocks, BFCL python-call lists and the Llama-family raw JSON
+calls; names include hidden tools, private methods and builtins; values include injection payloads; some inputs are
+huge or nested thousands of levels deep. Every parser reads every kind of message (strict, lenient, toolace,
+llama3.1). The entry is multi_turn_miss_func_0 at turn 0, where `sort` exists but is hidden.
 """
 
 import builtins
@@ -81,11 +82,27 @@ def tool_call_block(draw):
     return f"<tool_call>{text}</tool_call>"
 
 
+@st.composite
+def json_calls(draw):
+    """Llama 3.1's raw JSON: one object, a list, or objects one per line, maybe fenced, cut or python-tagged."""
+    key = draw(st.sampled_from(["parameters", "arguments"]))
+    entries = draw(st.lists(st.fixed_dictionaries({"name": names, key: st.dictionaries(argument_names, json_values,
+                                                                                        max_size=4)}),
+                            min_size=1, max_size=3))
+    text = draw(st.sampled_from([json.dumps(entries[0]), json.dumps(entries),
+                                 "\n".join(json.dumps(entry) for entry in entries), repr(entries)]))
+    if draw(st.booleans()):  # cut anywhere, as a token budget does
+        text = text[: draw(st.integers(0, len(text)))]
+    return draw(st.sampled_from(["", "<|python_tag|>", "```json\n"])) + text
+
+
 deep = st.integers(1, 5000).flatmap(lambda depth: st.sampled_from([
     "[ls(a=" + "[" * depth + "]" * depth + ")]",
     "[" * depth + "ls()" + "]" * depth,
     '<tool_call>{"name": "ls", "arguments": ' + '{"a": ' * depth + "1" + "}" * depth + "}</tool_call>",
     "[cd(folder=" + "(" * depth + "'x'" + ")" * depth + ")]",
+    '{"name": "ls", "parameters": ' + '{"a": ' * depth + "1" + "}" * depth + "}",
+    "[" + "a." * depth + "ls()]",
 ]))
 huge = st.sampled_from(["[ls(a='" + "x" * 19_900 + "')]", "x" * 25_000, "[ls()]" * 5000, "<tool_call>" * 3000])
 messages = st.one_of(
@@ -95,6 +112,7 @@ messages = st.one_of(
     st.lists(tool_call_block(), min_size=1, max_size=3).map("\n".join),
     st.tuples(st.text(max_size=50), python_call()).map(lambda parts: f"{parts[0]}\n```python\n[{parts[1]}]\n```"),
     st.sampled_from(PAYLOADS).map(lambda payload: f"[{payload}]"),
+    json_calls(),
     deep,
     huge,
 )
@@ -120,7 +138,7 @@ seen = []
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
-@given(messages, st.sampled_from(["strict", "lenient"]))
+@given(messages, st.sampled_from(["strict", "lenient", "toolace", "llama3.1"]))
 def check_one_message(text, parser):
     seen.append(text)
     env = Environment(TASK)

@@ -28,7 +28,8 @@ from seal_lite.step.rollout import generation_chunks
 
 ROOT = Path(__file__).parents[2]
 GPU_RECIPES = {"colab-t4": 15, "gpu-24gb": 24, "paper-qwen2.5-7b": 80, "ablation-vanilla-grpo": 80,
-               "ablation-no-interface": 80, "ablation-no-reweighting": 80, "ablation-no-closed-loop": 80}  # card, GB
+               "ablation-no-interface": 80, "ablation-no-reweighting": 80, "ablation-no-closed-loop": 80,
+               "paper-toolace-llama3.1-8b": 80}  # card, GB
 
 
 def test_the_shape_counts_the_real_models_projections_and_peft_lora(smol_dir):

@@ -1,6 +1,9 @@
 """The shipped recipes (recipes/*.yaml): each validates, the quickstart file is the embedded default, the paper
-recipe says what the paper did, and each ablation is the paper recipe minus its part."""
+recipe says what the paper did, and each ablation is the paper recipe minus its part; the third backbone's recipe
+is the paper recipe in its format, and its ablations (command lines in docs/recipes.md) minus the same parts."""
 
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -56,3 +59,50 @@ def test_each_ablation_is_the_paper_recipe_minus_its_part():
     for name, parts in ablated.items():
         recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml").model_dump()
         assert sorted(recipe_differences(paper, recipe)) == sorted(["name", *parts]), name
+
+
+def test_the_toolace_recipe_is_the_paper_recipe_in_the_third_backbones_format():
+    """The release ships no config for ToolACE-2-Llama-3.1-8B: its recipe is the Qwen paper recipe with the model, the
+    ToolACE format and a generate budget that fits the 8B on the same card."""
+    from seal_lite.core.memory import GIB, KNOWN_SHAPES, rollout_token_budget
+    from seal_lite.runs.run_dir import recipe_differences
+
+    paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml")
+    toolace = load_recipe(ROOT / "recipes" / "paper-toolace-llama3.1-8b.yaml")
+    assert sorted(recipe_differences(paper.model_dump(), toolace.model_dump())) == [
+        "name", "policy.model", "rollout.generation_token_budget", "rollout.parser"]
+    assert (toolace.policy.model, toolace.rollout.parser) == ("Team-ACE/ToolACE-2-Llama-3.1-8B", "toolace")
+    rollout = toolace.rollout
+    shape = KNOWN_SHAPES[toolace.policy.model]  # the plan knows its shape without the hub
+    # bf16 weights through peft, the tightest of the engines, as the Qwen recipe's 13 rows are
+    fits = rollout_token_budget(shape, 80 * GIB, rollout.max_context_tokens, rollout.max_new_tokens, 2, "peft",
+                                quantized=False, lora_rank=toolace.policy.lora_r)
+    assert rollout.generation_token_budget == fits == 11 * rollout.max_context_tokens
+
+
+def toolace_ablations() -> dict[str, str]:
+    """docs/recipes.md's ToolACE ablations: the Qwen ablation's file -> the `seal-lite run` line that is its
+    equivalent for the third backbone."""
+    text = (ROOT / "docs" / "recipes.md").read_text()
+    rows = re.findall(r"\| `(ablation-[\w-]+\.yaml)` \| `(seal-lite run recipes/paper-toolace-llama3\.1-8b\.yaml[^`]*)`",
+                      text)
+    return dict(rows)
+
+
+def test_each_toolace_ablation_line_changes_what_the_qwen_ablation_changes():
+    """The ablations of the third backbone are its recipe with --set, as docs/recipes.md writes them: each line changes
+    exactly the fields its Qwen ablation file changes (its name aside)."""
+    from seal_lite.api import parse_overrides
+    from seal_lite.runs.run_dir import recipe_differences
+
+    lines = toolace_ablations()
+    assert sorted(lines) == sorted(path.name for path in (ROOT / "recipes").glob("ablation-*.yaml"))
+    paper = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml").model_dump()
+    toolace = load_recipe(ROOT / "recipes" / "paper-toolace-llama3.1-8b.yaml").model_dump()
+    for name, line in lines.items():
+        words = shlex.split(line)
+        overrides = parse_overrides(words[index + 1] for index, word in enumerate(words) if word == "--set")
+        ablated = load_recipe(ROOT / words[2], overrides)
+        qwen = load_recipe(ROOT / "recipes" / name).model_dump()
+        assert ablated.name == "toolace-" + name.removesuffix(".yaml")
+        assert recipe_differences(toolace, ablated.model_dump()) == recipe_differences(paper, qwen), name

@@ -38,7 +38,8 @@ def test_the_share_leaves_the_trainer_and_the_headroom():
     assert vllm_share(seven_b, 4 * GIB, 2, True, 16) == 0.0  # the trainer alone fills a 4 GB card
 
 
-@pytest.mark.parametrize(("name", "card_gb"), [("gpu-24gb", 24), ("paper-qwen2.5-7b", 80)])
+@pytest.mark.parametrize(("name", "card_gb"), [("gpu-24gb", 24), ("paper-qwen2.5-7b", 80),
+                                                  ("paper-toolace-llama3.1-8b", 80)])
 def test_each_gpu_recipes_vllm_share_leaves_the_trainer_room_and_holds_a_whole_episode(name, card_gb):
     from pathlib import Path
 
