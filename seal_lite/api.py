@@ -170,21 +170,28 @@ def screen(recipe: Recipe, out_dir: str | Path | None = None, *, samples: int | 
            progress: Progress | None = None, frontier_file: str | Path | None = None,
            command: str = "seal_lite.screen() in Python") -> dict[str, float]:
     """Each task of the recipe's slice played ``samples`` times (default: data.screen, else 4) by the base policy,
-    as training would: {task id: pass rate}. Stored in out_dir/seal.db (default the recipe's run directory),
+    as training would: {task id: pass rate}. Tasks that any accepted call passes are left out, unplayed. Stored in out_dir/seal.db (default the recipe's run directory),
     where a run with ``data.screen`` reuses it; an interrupted screen goes on where it stopped. ``frontier_file``:
     also write the tasks solved sometimes, not always, there for a recipe's ``data.task_file``, with ``command``
     (what produced it) in its header."""
     from seal_lite.engines.model_sources import resolve_model
     from seal_lite.engines.policy import load_policy
     from seal_lite.engines.store import Store
-    from seal_lite.runs.tasks import screen_slice, select_task_ids, slice_tasks, write_frontier_file
+    from seal_lite.runs.tasks import (
+        screen_slice,
+        select_task_ids,
+        slice_tasks,
+        without_uninformative,
+        write_frontier_file,
+    )
 
     samples = samples or recipe.data.screen or SCREEN_SAMPLES
     recipe = recipe.model_copy(update={"data": recipe.data.model_copy(update={"screen": samples})})
     out_dir = Path(out_dir) if out_dir else recipe.out_dir()
-    tasks = slice_tasks(recipe, select_task_ids(recipe))
+    progress = progress or NoProgress()
+    tasks = without_uninformative(slice_tasks(recipe, select_task_ids(recipe)), progress)
     policy = load_policy(resolve_model(recipe.policy.model), recipe)
-    pass_rates = screen_slice(recipe, Store(out_dir / "seal.db"), tasks, policy, out_dir, progress or NoProgress())
+    pass_rates = screen_slice(recipe, Store(out_dir / "seal.db"), tasks, policy, out_dir, progress)
     if frontier_file:
         write_frontier_file(Path(frontier_file), pass_rates, samples, recipe, command)
     return pass_rates

@@ -59,6 +59,9 @@ class RichProgress:
         if not console.is_terminal:
             console.print(f"screen: {status}", highlight=False)
 
+    def tasks_excluded(self, task_ids: list[str], reason: str) -> None:
+        console.print(f"screen: {len(task_ids)} tasks left out, {reason}: {', '.join(task_ids)}", highlight=False)
+
     def run_started(self, resumed_after: int, setup: str) -> None:
         if resumed_after:
             console.print(f"Resuming after step {resumed_after} (its checkpoint); {setup}")

@@ -89,6 +89,17 @@ def screen_slice(recipe: Recipe, store: Store, tasks: dict[str, Task], policy, o
         return screen_tasks(list(tasks.values()), generator, recipe, store, progress.task_screened)
 
 
+def without_uninformative(tasks: dict[str, Task], progress: Progress = NoProgress()) -> dict[str, Task]:
+    """The slice without the tasks one of whose turns any accepted call passes (seal_lite/step/uninformative.py):
+    a screen keeps them out of every frontier, and does not play them."""
+    from seal_lite.step.uninformative import any_call_turns
+
+    flagged = [task_id for task_id, task in tasks.items() if any_call_turns(task)]
+    if flagged:
+        progress.tasks_excluded(flagged, "any accepted call passes one of their turns (seal_lite/step/uninformative.py)")
+    return {task_id: task for task_id, task in tasks.items() if task_id not in flagged}
+
+
 def frontier_task_ids(recipe: Recipe, pass_rates: dict[str, float]) -> list[str]:
     """The screened tasks training draws from; a ScreenError, with the fix, if they cannot fill a step."""
     from seal_lite.step.screen import frontier

@@ -34,7 +34,13 @@ from seal_lite.engines.tracking import Tracker, open_tracker
 from seal_lite.runs.evaluate_bfcl import best_step, scores_by_step
 from seal_lite.runs.run_dir import open_run, prune_checkpoints, resume_point, run_directory
 from seal_lite.runs.run_log import LOG_FILE, library_output
-from seal_lite.runs.tasks import frontier_task_ids, screen_slice, select_task_ids, slice_tasks
+from seal_lite.runs.tasks import (
+    frontier_task_ids,
+    screen_slice,
+    select_task_ids,
+    slice_tasks,
+    without_uninformative,
+)
 from seal_lite.runs.validation import Validator
 from seal_lite.step.algorithm import SealStep
 from seal_lite.step.diagnoser import Diagnoser
@@ -127,6 +133,7 @@ def _run(recipe: Recipe, out_dir: Path, progress: Progress, started: float) -> R
         distributed.on_main(lambda: resolve_model(recipe.policy.model))  # converted or downloaded once, by rank 0
         policy = load_policy(resolve_model(recipe.policy.model), recipe)
         if recipe.data.screen:  # train only on the tasks the base policy solves sometimes but not always
+            tasks = without_uninformative(tasks, progress if distributed.is_main() else NoProgress())
             task_ids = distributed.on_main(
                 lambda: frontier_task_ids(recipe, screen_slice(recipe, store, tasks, policy, out_dir, progress)))
             if not recipe.data.rescreen_every:  # a re-screen plays the whole slice again
