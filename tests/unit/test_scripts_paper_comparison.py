@@ -118,7 +118,8 @@ def test_the_plan_for_the_paper_recipe():
         run, evaluated = case["run"], case["evaluation"]
         assert run["steps"] == 72 and run["trajectories"] == 72 * 32 * 8
         assert case["total"] == pytest.approx(6 * run["hours"] + 7 * evaluated["hours"])
-        assert run["hours"] == pytest.approx((run["prefill"] + run["decode"] + run["update"]) / 3600)
+        assert run["hours"] == pytest.approx((run["prefill"] + run["decode"] + run["update"] + run["validation"]) / 3600)
+        assert run["validation"] == pytest.approx(9 * 3600 * evaluated["hours"])  # 9 validations of the 400 tasks
     assert a100["cases"]["whole budget"]["total"] > a100["cases"]["like the ground truth"]["total"]
     # vLLM where auto picks it (Ampere or newer), its share the memory model's, the update the same as generate's
     from seal_lite.core.memory import GIB, vllm_cache_tokens, vllm_share
