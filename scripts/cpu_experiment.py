@@ -1,4 +1,4 @@
-"""The CPU experiment of docs/results.md: base vs vanilla GRPO vs SEAL on Qwen2.5-Coder-0.5B's frontier tasks.
+"""The CPU experiment of docs/results/cpu-learn.md: base vs vanilla GRPO vs SEAL on Qwen2.5-Coder-0.5B's frontier tasks.
 
 1. The frontier: the tasks the recipe names (``data.task_ids``, the result of an earlier screen), or, if it names
    none, a screen: ``seal-lite screen RECIPE --out OUT/screen`` plays k samples of every candidate training task

@@ -1,5 +1,5 @@
 """Does the training reward rise within 30 minutes on 2 cores? Runs of one CPU recipe, one seed after another,
-each judged by the trend test with the steps as units (seal_lite/core/trend.py), as docs/results.md reports.
+each judged by the trend test with the steps as units (seal_lite/core/trend.py), as docs/results/rise-within-30-minutes.md reports.
 
 Each run goes to OUT/<recipe name>-seed<N>; the same command after a stop resumes the unfinished run (seal-lite
 run's checkpoints) and skips recorded ones. Each finished run's record, RECORDS/<recipe name>-seed<N>.json

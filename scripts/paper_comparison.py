@@ -79,7 +79,7 @@ from seal_lite.core.plan import (  # noqa: E402
 
 # ---- the power of the test over seeds --------------------------------------------------------------------------
 
-SEED_PART = 5.0  # points: the seed-to-seed part of one seed's score, the audit's figure (docs/results.md, issue 41)
+SEED_PART = 5.0  # points: the seed-to-seed part of one seed's score, the audit's figure (docs/results/seal-vs-vanilla.md, issue 41)
 POWER_PAIRS = (6, 8, 10)
 
 
@@ -280,7 +280,7 @@ def print_power(design: dict) -> None:
     seeds, effect = design["seeds"], PAPER["seal"] - PAPER["vanilla"]
     print("\nPower: the primary test is the exact two-sided sign-flip test over the paired seeds' differences "
           "(SEAL - vanilla, points of the 400-task mean). ASSUMED spread of one seed's score: "
-          f"{SEED_PART:g} points seed to seed (the audit's figure, docs/results.md) with {task_part():.1f} of task "
+          f"{SEED_PART:g} points seed to seed (the audit's figure, docs/results/seal-vs-vanilla.md) with {task_part():.1f} of task "
           f"noise (binomial, 400 tasks at {(PAPER['vanilla'] + PAPER['seal']) / 2:.1f}%): "
           f"{math.hypot(SEED_PART, task_part()):.1f} in all; 3 and 8 bracket it (8: the CPU pre-registration's upper "
           "figure). Paired seeds may correlate (0 or 0.4).")

@@ -1,4 +1,4 @@
-"""Issue 41's experiment, pre-registered in docs/results.md: SEAL against vanilla GRPO on tasks where SEAL's labels
+"""Issue 41's experiment, pre-registered in docs/results/seal-vs-vanilla.md: SEAL against vanilla GRPO on tasks where SEAL's labels
 act (two-turn miss_param tasks whose first turn must be declined, beside base tasks), seeds paired, power stated.
 
 The design was fixed before anything ran: the arms, the candidate training tasks, the 48 held-out tasks
@@ -420,7 +420,7 @@ def run(out: Path, records: Records, arms: list[str]) -> None:
     if len(frontier) < MIN_FRONTIER:
         raise SystemExit(f"the screen kept {len(frontier)} training tasks (solved in some, not all, of "
                          f"{SCREEN_SAMPLES} samples), fewer than a step draws ({MIN_FRONTIER}): the pre-registered "
-                         "design cannot train. Any change to it is an amendment, recorded in docs/results.md "
+                         "design cannot train. Any change to it is an amendment, recorded in docs/results/seal-vs-vanilla.md "
                          "before a run starts.")
     for seed in SEEDS:
         for arm in arms:

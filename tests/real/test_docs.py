@@ -26,7 +26,7 @@ from tests.helpers import load_script
 
 ROOT = Path(__file__).parents[2]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-PAGES = [ROOT / "README.md", *DOCS]
+PAGES = [ROOT / "README.md", *DOCS, *sorted((ROOT / "docs" / "results").glob("*.md"))]
 
 make_docs = load_script("make_docs")
 

@@ -35,7 +35,7 @@ def test_the_cpu_experiment_compares_seal_with_every_seal_part_off():
 
 
 def test_the_cpu_experiments_intervals_and_summary(tmp_path):
-    """The statistics docs/results.md reports: bootstrap intervals of a mean, quarters of a reward curve, seeds as
+    """The statistics docs/results/cpu-learn.md reports: bootstrap intervals of a mean, quarters of a reward curve, seeds as
     the unit of every comparison of arms (a two-level bootstrap, exact tests over seeds, the minimum detectable
     effect), and the summary and figure drawn from runs and evaluations."""
     experiment = _cpu_experiment()
