@@ -21,7 +21,9 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from seal_lite.core.calls import call_format
 from seal_lite.core.explainer import FailedTurn
+from seal_lite.core.interface import TrainingInterface
 from seal_lite.core.recipe import DiagnoserConfig, load_recipe
 from seal_lite.engines.model_sources import resolve_gguf
 from seal_lite.envs.bfcl import load_tasks
@@ -46,12 +48,15 @@ def collect_corpus(num_tasks: int, threads: int) -> list[dict]:
     ids = (ROOT / "data" / "train_ids.txt").read_text().split()
     random.Random(0).shuffle(ids)
     tasks = [task.truncated(2) for task in load_tasks(ids[:num_tasks])]
+    config = recipe.interface  # the interface the first step shows (no guideline yet)
+    interface = TrainingInterface(config.schema_cues, config.recovery_feedback, (), config.tool_format,
+                                  call_format(rollout.parser))
     corpus, seen = [], set()
     for model in MODELS:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
         generator = LlamaCppGenerator(resolve_gguf(model, "model"), tokenizer, n_threads=threads)
         for task in tasks:
-            for trajectory in rollout_group(task, rollout.num_generations, generator, rollout, recipe.interface):
+            for trajectory in rollout_group(task, rollout.num_generations, generator, rollout, interface):
                 diagnosis = diagnose_episode(task, trajectory.turns)
                 for index, turn in failed_turns(task, trajectory.turns, diagnosis).items():
                     if turn.key("") not in seen:
