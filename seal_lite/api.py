@@ -248,13 +248,15 @@ class Prompt:
 
 
 def prompt(task_id: str, *, model: str | None = None, run_dir: str | Path | None = None, version: int | None = None,
-           turn: int = 0) -> Prompt:
+           turn: int = 0, parser: str = "strict") -> Prompt:
     """What the policy reads for a BFCL task at user turn ``turn`` (0: the whole opening), under BFCL's official
-    surface, or with ``run_dir`` under that run's training interface ``version`` (default: the latest)."""
+    surface in the call format of ``parser`` (``rollout.parser``: strict, toolace or llama3.1), or with ``run_dir``
+    under that run's training interface ``version`` (default: the latest), in the run's own format."""
     import json
 
     from transformers import AutoTokenizer
 
+    from seal_lite.core.calls import call_format
     from seal_lite.core.interface import evaluation_interface, interface_for_task, interface_from_version
     from seal_lite.engines.model_sources import resolve_model
     from seal_lite.step.rollout import turn_text
@@ -262,7 +264,8 @@ def prompt(task_id: str, *, model: str | None = None, run_dir: str | Path | None
     task = _task(task_id)
     if turn >= len(task.turns):
         raise ConfigError(f"--turn {turn}: {task_id} has turns 0 to {len(task.turns) - 1}")
-    interface, shown = evaluation_interface(), "the evaluation view (BFCL's official surface)"
+    interface = evaluation_interface(call_format=call_format(parser))
+    shown = "the evaluation view (BFCL's official surface" + ("" if parser == "strict" else f", {parser} format") + ")"
     if run_dir is not None:
         row = interface_version(run_dir, version)
         interface = interface_for_task(interface_from_version(row), task)

@@ -279,7 +279,9 @@ def evaluate_command(ctx, target, tasks, base, steps, best, overrides, json_file
 @click.option("--version", "number", type=int, help="With --run: the interface version (default: the latest).")
 @click.option("--turn", type=click.IntRange(min=0), default=0, show_default=True,
               help="0: the whole opening; K: what user turn K adds.")
-def prompt(task_id, model, run_dir, number, turn):
+@click.option("--parser", type=click.Choice(["strict", "toolace", "llama3.1"]), default="strict", show_default=True,
+              help="The call format whose view to show (rollout.parser): Qwen's, ToolACE-2's or Llama 3.1's.")
+def prompt(task_id, model, run_dir, number, turn, parser):
     """Print exactly what the policy reads for a BFCL task (evaluation view), and how many tokens it is.
 
     \b
@@ -289,7 +291,9 @@ def prompt(task_id, model, run_dir, number, turn):
     """
     if number is not None and not run_dir:
         raise click.BadParameter("--version needs --run", param_hint="--version")
-    shown = api.prompt(task_id, model=model, run_dir=run_dir, version=number, turn=turn)
+    if parser != "strict" and run_dir:
+        raise click.BadParameter("a run's view is in its own format; drop --parser, or --run", param_hint="--parser")
+    shown = api.prompt(task_id, model=model, run_dir=run_dir, version=number, turn=turn, parser=parser)
     click.echo(shown.text)
     click.echo(f"--- {task_id}, turn {turn} of {shown.turns}, {shown.shown}, {shown.model}: {shown.tokens} tokens",
                err=True)

@@ -65,3 +65,16 @@ def test_a_later_turn_shows_what_it_adds_and_a_run_shows_its_training_interface(
     assert missing.exit_code == 1 and "not 9" in missing.output
     unknown = CliRunner().invoke(main, ["prompt", "multi_turn_base_9999"])
     assert unknown.exit_code == 2 and "multi_turn_base_9999" in unknown.output
+
+
+def test_a_llama_family_format_shows_its_own_view(smol_dir):
+    """--parser toolace shows the release's ToolACE system prompt, not Qwen's tool block; a run's view has its own."""
+    from seal_lite.core.interface import TOOLS_HEADER
+    from seal_lite.core.llama_formats import TOOLACE_INSTRUCTIONS
+
+    toolace = CliRunner().invoke(main, ["prompt", "multi_turn_base_0", "--parser", "toolace"])
+    assert toolace.exit_code == 0, toolace.output
+    assert TOOLACE_INSTRUCTIONS in toolace.stdout and TOOLS_HEADER not in toolace.stdout
+    assert "toolace format" in toolace.stderr
+    refused = CliRunner().invoke(main, ["prompt", "multi_turn_base_0", "--parser", "toolace", "--run", "."])
+    assert refused.exit_code != 0 and "own format" in refused.output
