@@ -30,8 +30,15 @@ from seal_lite.core.recipe import Recipe
 from seal_lite.core.recipe_sections import ValidationConfig
 from seal_lite.core.types import Progress
 from seal_lite.engines.store import Store
-from seal_lite.envs.bfcl import CATEGORIES, category_of, load_tasks, split_ids
-from seal_lite.runs.evaluate_bfcl import BEST_ADAPTER, best_step, evaluate, evaluation_rollout, summarize
+from seal_lite.envs.bfcl import category_of, load_tasks
+from seal_lite.runs.evaluate_bfcl import (
+    BEST_ADAPTER,
+    best_step,
+    eval_task_ids,
+    evaluate,
+    evaluation_rollout,
+    summarize,
+)
 
 STAGED_PREFIX = ".best-adapter-step-"  # a new best, written before its step is committed
 
@@ -41,11 +48,8 @@ def validation_task_ids(config: ValidationConfig) -> list[str]:
     ``tasks_per_category`` of each."""
     if config.task_ids:
         return list(config.task_ids)
-    ids = split_ids(config.split, config.categories)
-    if config.tasks_per_category:
-        ids = [task_id for category in CATEGORIES
-               for task_id in [i for i in ids if category_of(i) == category][:config.tasks_per_category]]
-    return ids
+    return [task_id for task_id in eval_task_ids(config.split, config.tasks_per_category)
+            if category_of(task_id) in config.categories]
 
 
 def settle_best_adapter(out_dir: Path, store: Store, metric: str) -> None:
