@@ -12,7 +12,9 @@ imports it) and writes ``OUT/<part>.json`` as it goes: a part stopped at its lim
                     killed with SIGKILL once step 1's checkpoint is committed, then the same command again, which must
                     resume after the committed step and finish: each step stored and committed once, one checkpoint
                     directory kept (grpo.keep_checkpoints 1), the LoRA moved on the steps that had a learning signal,
-                    no fall-back in the run's log (on Unsloth the run itself refuses a trainer that is not Unsloth's)
+                    no fall-back in the run's log (on Unsloth the run itself refuses a trainer that is not Unsloth's);
+                    validation during training on one held-out task under BFCL's view, before the first step and
+                    after each: one validation a step, and a best adapter kept
   eval_base         ``seal-lite eval RUN --base --tasks 1``: the trained adapter and the base model, greedy, in one process
   engine_logprobs   rollouts whose engine also reports its log-probs (as vLLM and llama.cpp do), on tasks whose prompts
                     differ in length: the update compares them with the trained model's own, off-policy
@@ -72,6 +74,7 @@ LIMITS = {"run_resume": 170, "eval_base": 40, "engine_logprobs": 80, "decode_gra
           "rollout_engines": 180}
 CPU_SCALE = 4
 TASKS = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2"]  # their prompts differ in length
+HELD_OUT = ["multi_turn_base_100"]  # run_resume's validation slice
 STEPS = 3
 ENGINE_TASK = "multi_turn_base_2"  # rollout_engines: a 5k-token opening under the official view
 STAND_INS = {"policy": "random-init weights, local tokenizer; half the messages replaced by the ground truth",
@@ -108,12 +111,17 @@ def run_resume(ctx: Context, result: dict) -> bool:
         "steps_with_signal": signal_steps, "steps_lora_moved": moved,
         "diagnoses": store["diagnoses"], "resumed_line": next(iter(re.findall(r"Resuming after step \d+", output)), None),
         "fallback_in_log": [line for line in log.splitlines() if "Could not build" in line or "falls back" in line][:3],
+        "validation_steps": store["validation_steps"],
+        "best_adapter": (run_dir / "best-adapter" / "adapter_config.json").is_file(),
+        "staged_adapters_left": sorted(p.name for p in run_dir.glob(".best-adapter*")),
     }
     return (killed is not None and 1 <= killed < STEPS and second.returncode == 0
             and store["steps"] == list(range(1, STEPS + 1)) and store["status"] == "finished"
             and result["checkpoint_rows"] == STEPS and len(result["checkpoint_dirs"]) == 1
             and bool(signal_steps) and moved == signal_steps and not result["fallback_in_log"]
-            and result["resumed_line"] == f"Resuming after step {killed}")
+            and result["resumed_line"] == f"Resuming after step {killed}"
+            and result["validation_steps"] == list(range(STEPS + 1)) and result["best_adapter"]
+            and not result["staged_adapters_left"])
 
 
 def eval_base(ctx: Context, result: dict) -> bool:
@@ -353,7 +361,8 @@ class Context:
             "data.task_ids": TASKS, "grpo.tasks_per_step": 2, "grpo.mini_batches": 2, "grpo.steps": STEPS,
             "grpo.learning_rate": 1e-2, "grpo.keep_checkpoints": 1, "rollout.num_generations": 4,
             "rollout.max_turns": 1, "rollout.max_model_calls": 1, "rollout.max_new_tokens": 16,
-            "rollout.parser": "lenient", "rollout.backend": "transformers", "rollout.max_context_tokens": 8192,
+            "rollout.parser": "lenient", "rollout.backend": "transformers", "rollout.max_context_tokens": 16384,
+            "validation.every": 1, "validation.before_training": True, "validation.task_ids": HELD_OUT,
             "interface.tool_format": "signatures", "diagnoser.mode": "url", "diagnoser.url": diagnoser_url,
             "diagnoser.max_per_step": 2, "diagnoser.timeout_s": 10,
         }
@@ -461,7 +470,8 @@ def read_store(db_path: Path) -> dict:
     steps = [row["step"] for row in store.steps()]
     return {"steps": steps, "status": store.run()["status"], "checkpoints": store.checkpoints(),
             "metrics": {step: store.step_metrics(step) for step in steps},
-            "diagnoses": store.db["diagnoses"].count_where("status = 'ok'")}
+            "diagnoses": store.db["diagnoses"].count_where("status = 'ok'"),
+            "validation_steps": sorted({row["step"] for row in store.validations()})}
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ def test_gpu_e2e_cpu_mode_runs_every_part_and_leaves_one_json_file_each(tmp_path
     assert run["killed_after_step"] == 1 and run["resumed_line"] == "Resuming after step 1"
     assert run["steps_stored"] == [1, 2, 3] and run["status"] == "finished" and len(run["checkpoint_dirs"]) == 1
     assert run["steps_lora_moved"] == run["steps_with_signal"] != [] and run["diagnoses"] > 0
+    assert run["validation_steps"] == [0, 1, 2, 3] and run["best_adapter"] and run["staged_adapters_left"] == []
     assert rows["eval_base"]["evaluations"] == {"base": 4, "step 3": 4}
     engine = rows["engine_logprobs"]
     for branch in ("off_policy", "on_policy"):  # fp32 on the CPU: generation and training score alike

@@ -7,8 +7,9 @@ groups then mix rewards 1 and 0, and the LoRA weights and optimizer moments real
 ``rollout.backend: transformers`` (on a CPU, auto would pick the paged engine for their tiny model).
 
 The patch replaces module globals of seal_lite (``algorithm.rollout_groups``, ``screen.rollout_groups``,
-``TransformersGenerator.generate``): a rename there breaks these harnesses, which is why this is test scaffolding
-and not part of the package. The harness process imports it after putting the repository root on ``sys.path``.
+``evaluate_bfcl.rollout_groups``, ``TransformersGenerator.generate``): a rename there breaks these harnesses, which is
+why this is test scaffolding and not part of the package. The harness process imports it after putting the
+repository root on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ def script_generation(answer: Callable, sample: bool = True) -> None:
     messages in the batch, and ``sampled`` is what the model generated (None with ``sample=False``: the model is not
     run, so a batch's answers do not depend on what else is in the batch)."""
     from seal_lite.engines import transformers_generate
+    from seal_lite.runs import evaluate_bfcl
     from seal_lite.step import algorithm, screen
     rollout_groups, generate, playing = algorithm.rollout_groups, transformers_generate.TransformersGenerator.generate, {}
 
-    def recording_rollout_groups(pairs, *args, **kwargs):  # a step's, or the frontier screen's
+    def recording_rollout_groups(pairs, *args, **kwargs):  # a step's, a screen's or a validation's
         playing["tasks"] = [task for task, _ in pairs]
         return rollout_groups(pairs, *args, **kwargs)
 
@@ -45,7 +47,7 @@ def script_generation(answer: Callable, sample: bool = True) -> None:
         return answers
 
     algorithm.rollout_groups, transformers_generate.TransformersGenerator.generate = recording_rollout_groups, scripted
-    screen.rollout_groups = recording_rollout_groups
+    screen.rollout_groups = evaluate_bfcl.rollout_groups = recording_rollout_groups  # validation plays through eval
 
 
 def sometimes_right(tokenizer, task, index, sampled) -> list[int]:
