@@ -6,10 +6,11 @@ Parts, each recorded under --records (docs/results/mechanism-test/, committed) a
 1. ``sets``: the probe set P, the abstention turns and the training pool, chosen from the two screens' stores
    (the page gives the screen commands; run them first) and written to data/mechanism/ with their counts.
 
-The later parts (the vanilla run's states, the probe gradients, the 40 batches, the first-order check, M2) follow
-in the order the page gives; this file holds the arithmetic they report with (``adam_change``,
-``first_order_change``, ``relative_gain``, ``clustered_interval``, ``sign_flip_p``), tested on hand-made gradients
-in tests/unit/test_mechanism_test.py.
+The later parts (the vanilla run's states, the 40 batches with the first-order check, M2) follow in the order the
+page gives. This file holds what they are built from, tested in tests/unit/test_mechanism_test.py: the held-out
+objectives and their gradients (``probe_objectives``), the three arms' advantages (``arm_advantages``), GRPO's
+gradient of a batch (``surrogate_gradient``), and the arithmetic the result is read with (``adam_change``,
+``first_order_change``, ``relative_gain``, ``clustered_interval``, ``sign_flip_p``).
 
     .venv/bin/python scripts/mechanism_test.py sets          # after both screens
     .venv/bin/python scripts/mechanism_test.py --summary-only  # every figure, from the committed records
@@ -137,6 +138,116 @@ def sign_flip_p(differences: Sequence[float], flips: int = 100_000, seed: int = 
     extreme = sum(abs(sum(d if rng.random() < 0.5 else -d for d in differences)) >= observed - 1e-12
                   for _ in range(flips))
     return (1 + extreme) / (1 + flips)
+
+
+# ---- the model side: objectives on P and the update of a batch ------------------------------------------------
+
+# ρ at its paper-scale fixed point (the review's simulation of update_utilities at 256 trajectories a step): the
+# primary SEAL arm's; every other label keeps its base utility
+FIXED_POINT_RHO = {"empty_turn_model_response": 1.93, "state_mismatch": 1.14, "correct_abstention": 1.89,
+                   "response_mismatch": 0.97}
+TOOL_CALL_OPEN = "<tool_call>"
+
+
+def trainable(model) -> dict:
+    """The parameters an update moves (the LoRA's), by name."""
+    return {name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad}
+
+
+def gradient_of(value, parameters: dict) -> dict:
+    """d value / d parameters, zeros where the value does not depend on a parameter."""
+    import torch
+
+    grads = torch.autograd.grad(value, list(parameters.values()), allow_unused=True, retain_graph=True)
+    return {name: (g if g is not None else torch.zeros_like(p)).detach()
+            for (name, p), g in zip(parameters.items(), grads)}
+
+
+def add_into(total: dict | None, part: dict, scale: float) -> dict:
+    return {name: value * scale + (total[name] if total else 0) for name, value in part.items()}
+
+
+def strict_answer(calls: list[str]) -> str:
+    """A turn's ground-truth calls as the strict parser wants them written: one <tool_call> JSON block each."""
+    from seal_lite.core.calls import parse_calls
+
+    parsed = [call for text in calls for call in parse_calls(text).calls]
+    return "\n".join(f"{TOOL_CALL_OPEN}\n" + json.dumps({"name": call.name, "arguments": call.arguments})
+                     + "\n</tool_call>" for call in parsed)
+
+
+def completion_logprobs(model, prompt_ids: list[int], completion_ids: list[int]):
+    """log p of each completion token after the prompt (temperature 1), and the log-softmax at the first
+    completion position (what the answer's first token is drawn from)."""
+    import torch
+
+    ids = torch.tensor([prompt_ids + completion_ids], device=model.device)
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1: -1]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up to fp32; fp64 stays
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(completion_ids, device=model.device)[:, None])[:, 0]
+    return chosen, logprobs[0]
+
+
+def opening_ids(tokenizer, task, interface) -> list[int]:
+    """The token ids the policy reads before its first message, exactly as a rollout renders them."""
+    from seal_lite.step.rollout import TokenConversation, opening_messages
+
+    return TokenConversation(tokenizer, opening_messages(task, interface)).ids
+
+
+def probe_objectives(model, tokenizer, actions: list, declines: list, interface) -> tuple[dict, dict]:
+    """The held-out objectives at the model's weights and their gradients:
+    J1 the mean log p of each action turn's ground truth written strictly (with the end of the message);
+    J2 the mean log p that an action turn's answer opens a tool call; J3 the mean log p that a decline turn's does
+    not. ({name: value}, {name: {parameter: gradient}})."""
+    import torch
+
+    parameters, opener = trainable(model), tokenizer(TOOL_CALL_OPEN, add_special_tokens=False)["input_ids"][0]
+    values, grads = {"J1": 0.0, "J2": 0.0, "J3": 0.0}, {"J1": None, "J2": None, "J3": None}
+    for task in actions:
+        target = tokenizer(strict_answer(task.ground_truth[0]), add_special_tokens=False)["input_ids"]
+        chosen, first = completion_logprobs(model, opening_ids(tokenizer, task, interface),
+                                            target + [tokenizer.eos_token_id])
+        for name, value in (("J1", chosen.sum()), ("J2", first[opener])):
+            values[name] += float(value.detach()) / len(actions)
+            grads[name] = add_into(grads[name], gradient_of(value, parameters), 1 / len(actions))
+    for task in declines:
+        _, first = completion_logprobs(model, opening_ids(tokenizer, task, interface), [tokenizer.eos_token_id])
+        value = torch.log1p(-first[opener].exp())
+        values["J3"] += float(value.detach()) / len(declines)
+        grads["J3"] = add_into(grads["J3"], gradient_of(value, parameters), 1 / len(declines))
+    return values, grads
+
+
+def arm_advantages(groups: list[list[tuple[float, list[str]]]], utilities: dict | None) -> list[float]:
+    """The advantages of a batch's trajectories, group by group: GRPO's, and with ``utilities`` (ρ) times each
+    trajectory's diagnosis weight (``apply_to: all``)."""
+    from seal_lite.core.advantages import diagnosis_weight, group_advantages, weighted_advantages
+
+    advantages = []
+    for group in groups:
+        plain = group_advantages([reward for reward, _ in group])
+        if utilities is not None:
+            plain = weighted_advantages(plain, [diagnosis_weight(labels, utilities) for _, labels in group])
+        advantages += plain
+    return advantages
+
+
+def surrogate_gradient(model, trajectories: list, advantages: list[float]) -> dict:
+    """The gradient of GRPO's loss at the weights that sampled the batch (ratio 1, β 0): minus the mean over
+    trajectories of the advantage times the mean log p of the trajectory's model tokens (loss_type grpo)."""
+    import torch
+
+    parameters, total = trainable(model), None
+    for trajectory, advantage in zip(trajectories, advantages, strict=True):
+        if advantage == 0:
+            continue
+        chosen, _ = completion_logprobs(model, trajectory.prompt_ids, trajectory.completion_ids)
+        mask = torch.tensor(trajectory.env_mask, dtype=chosen.dtype, device=chosen.device)
+        loss = -advantage * (chosen * mask).sum() / mask.sum()
+        total = add_into(total, gradient_of(loss, parameters), 1 / len(trajectories))
+    return total if total is not None else {name: torch.zeros_like(p) for name, p in parameters.items()}
 
 
 # ---- the command -------------------------------------------------------------------------------------------------

@@ -1,17 +1,15 @@
 """The arithmetic of issue 68's mechanism test (scripts/mechanism_test.py) on hand-made gradients: the first-order
 reading, Adam's change against torch's own AdamW step, the clip against torch's, the relative gain, the clustered
-interval, the sign-flip p, and the choice of the sets."""
-
-import importlib.util
-from pathlib import Path
+interval, the sign-flip p, and the choice of the sets. Its model side on a tiny random Llama with a LoRA and real
+BFCL tasks: log-probs aligned with generate's, the held-out objectives' gradients against their own change, the
+batch gradient against a batched forward, and the three arms' advantages."""
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mechanism_test.py"
-spec = importlib.util.spec_from_file_location("mechanism_test", SCRIPT)
-mechanism = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mechanism)
+from tests.helpers import load_script
+
+mechanism = load_script("mechanism_test")
 
 
 def test_the_first_order_reading_is_the_dot_product_over_the_parameters():
@@ -84,3 +82,115 @@ def test_the_sets_keep_in_range_tasks_three_per_pattern_in_the_splits_order():
                                                             order[7]: [], order[8]: []}
     assert mechanism.in_range_tasks(rates, truth, order) == order[:3]  # the 4th ls() is over the cap; no decline
     assert mechanism.abstention_turns(truth, order) == order[7:]
+
+
+# ---- the model side, on a tiny random Llama with a LoRA -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lora_model(tiny_model_dir, smol_tokenizer):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers import randomize_lora
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float64),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    randomize_lora(model)  # B = 0 would leave every A's gradient at 0
+    model.double().eval()  # peft makes its LoRA in fp32: all fp64 but for the norms' fp32 (below)
+    return model, smol_tokenizer
+
+
+def signatures():
+    from seal_lite.core.interface import TrainingInterface
+
+    return TrainingInterface(tool_format="signatures")
+
+
+def test_completion_log_probs_are_those_generate_samples_from(lora_model):
+    model, tokenizer = lora_model
+    from seal_lite.envs.bfcl import load_tasks
+
+    prompt = mechanism.opening_ids(tokenizer, load_tasks(["multi_turn_base_0"])[0], signatures())
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False, output_scores=True,
+                         return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)
+    completion = out.sequences[0, len(prompt):].tolist()
+    expected = [torch.log_softmax(scores[0].double(), -1)[token] for scores, token in zip(out.scores, completion)]
+    with torch.no_grad():
+        chosen, first = mechanism.completion_logprobs(model, prompt, completion)
+    assert torch.allclose(chosen, torch.stack(expected).to(chosen.dtype), atol=1e-8)
+    assert first[completion[0]] == pytest.approx(float(chosen[0]))
+
+
+def test_the_objectives_gradients_predict_their_change_and_the_strict_answer_parses_back(lora_model):
+    from seal_lite.core.calls import parse_calls
+    from seal_lite.envs.bfcl import load_tasks
+
+    model, tokenizer = lora_model
+    actions, declines = load_tasks(["multi_turn_base_0", "multi_turn_base_3"]), load_tasks(["multi_turn_miss_param_11"])
+    assert not declines[0].ground_truth[0] and all(task.ground_truth[0] for task in actions)
+    for task in actions:  # what J1 scores is the ground truth as the strict parser reads it
+        strict = parse_calls(mechanism.strict_answer(task.ground_truth[0]), "strict")
+        assert [call.to_python() for call in strict.calls] == [call.to_python() for text in task.ground_truth[0]
+                                                               for call in parse_calls(text).calls]
+    values, grads = mechanism.probe_objectives(model, tokenizer, actions, declines, signatures())
+    assert values["J1"] < values["J2"] < 0 and values["J3"] < 0
+    generator = torch.Generator().manual_seed(2)
+    step = {name: torch.randn(p.shape, generator=generator, dtype=p.dtype) * 1e-4
+            for name, p in mechanism.trainable(model).items()}
+    with torch.no_grad():
+        for name, p in mechanism.trainable(model).items():
+            p.add_(step[name])
+    moved, _ = mechanism.probe_objectives(model, tokenizer, actions, declines, signatures())
+    with torch.no_grad():
+        for name, p in mechanism.trainable(model).items():
+            p.sub_(step[name])
+    for name in ("J1", "J2", "J3"):
+        predicted = mechanism.first_order_change(grads[name], step)
+        assert moved[name] - values[name] == pytest.approx(predicted, rel=0.02), name
+
+
+def test_the_batch_gradient_is_grpos_on_policy_and_env_tokens_carry_none(lora_model):
+    """Against one padded forward of the whole batch: -mean_i A_i mean_t log p over the model's tokens."""
+    from seal_lite.core.types import Trajectory
+
+    model, tokenizer = lora_model
+    generator = torch.Generator().manual_seed(3)
+    trajectories = []
+    for length, prompt_length in ((7, 5), (4, 9), (6, 3)):
+        ids = torch.randint(0, len(tokenizer), (prompt_length + length,), generator=generator).tolist()
+        mask = [1, 1, 0, 0, 1, 1, 1][:length]
+        trajectories.append(Trajectory("t", 0, ids[:prompt_length], ids[prompt_length:], mask, [], []))
+    advantages = [1.2, -0.7, 0.0]
+    grads = mechanism.surrogate_gradient(model, trajectories, advantages)
+
+    width = max(len(t.prompt_ids) + len(t.completion_ids) for t in trajectories)
+    ids = torch.full((3, width), tokenizer.pad_token_id)
+    attention = torch.zeros(3, width, dtype=torch.long)
+    for row, t in enumerate(trajectories):
+        sequence = t.prompt_ids + t.completion_ids
+        ids[row, :len(sequence)], attention[row, :len(sequence)] = torch.tensor(sequence), 1
+    logprobs = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits.double(), -1)
+    terms = []
+    for row, (t, advantage) in enumerate(zip(trajectories, advantages)):
+        start = len(t.prompt_ids)
+        chosen = logprobs[row, start - 1: start - 1 + len(t.completion_ids)].gather(
+            1, torch.tensor(t.completion_ids)[:, None])[:, 0]
+        mask = torch.tensor(t.env_mask, dtype=chosen.dtype)
+        terms.append(-advantage * (chosen * mask).sum() / mask.sum())
+    expected = mechanism.gradient_of(torch.stack(terms).mean(), mechanism.trainable(model))
+    scale = max(float(g.abs().max()) for g in expected.values())
+    for name in expected:  # Llama's RMSNorm computes in fp32 even in an fp64 model: agreement to about 1e-7
+        assert torch.allclose(grads[name], expected[name], atol=1e-6 * scale, rtol=1e-5), name
+    assert all(not g.any() for g in mechanism.surrogate_gradient(model, trajectories, [0.0] * 3).values())
+
+
+def test_the_arms_advantages_are_grpos_and_seals_at_the_given_rho():
+    from seal_lite.core.advantages import initial_utilities
+
+    groups = [[(1.0, ["pass"]), (0.0, ["empty_turn_model_response"])], [(0.0, ["state_mismatch"]), (0.0, ["empty_turn_model_response"])]]
+    vanilla = mechanism.arm_advantages(groups, None)
+    assert vanilla[0] == pytest.approx(0.7071, abs=1e-3) and vanilla[1] == pytest.approx(-0.7071, abs=1e-3)
+    assert vanilla[2:] == [0.0, 0.0]  # equal rewards: no advantage, weighted or not
+    seal = mechanism.arm_advantages(groups, initial_utilities(mechanism.FIXED_POINT_RHO))
+    assert seal[0] == pytest.approx(vanilla[0]) and seal[1] == pytest.approx(1.93 * vanilla[1]) and seal[2:] == [0, 0]
