@@ -220,6 +220,31 @@ def probe_objectives(model, tokenizer, actions: list, declines: list, interface)
     return values, grads
 
 
+def adam_state(model, checkpoint: Path) -> tuple[dict, dict, int]:
+    """A checkpoint's Adam moments, by parameter name, and its step count: transformers saves the optimizer's state
+    by index over its two groups (the parameters with weight decay, then those without, each in the model's order:
+    ``Trainer.create_optimizer``); ``model`` holds the checkpoint's LoRA. A parameter the optimizer has not stepped
+    has zero moments."""
+    import torch
+    from transformers import Trainer
+
+    saved = torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=True)["state"]
+    parameters = trainable(model)
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    order = [name for name in parameters if name in decay] + [name for name in parameters if name not in decay]
+    exp_avg, exp_avg_sq, steps = {}, {}, set()
+    for index, name in enumerate(order):
+        state = saved.get(index)
+        zeros = torch.zeros_like(parameters[name])
+        exp_avg[name] = state["exp_avg"].to(zeros) if state else zeros
+        exp_avg_sq[name] = state["exp_avg_sq"].to(zeros) if state else zeros
+        if state:
+            steps.add(int(state["step"]))
+    if len(steps) > 1:
+        raise ValueError(f"{checkpoint}: its parameters were stepped {sorted(steps)} times; expected one count")
+    return exp_avg, exp_avg_sq, steps.pop() if steps else 0
+
+
 def arm_advantages(groups: list[list[tuple[float, list[str]]]], utilities: dict | None) -> list[float]:
     """The advantages of a batch's trajectories, group by group: GRPO's, and with ``utilities`` (ρ) times each
     trajectory's diagnosis weight (``apply_to: all``)."""
