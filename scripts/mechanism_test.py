@@ -5,14 +5,21 @@ Parts, each recorded under --records (docs/results/mechanism-test/, committed) a
 
 1. ``sets``: the probe set P, the abstention turns and the training pool, chosen from the two screens' stores
    (the page gives the screen commands; run them first) and written to data/mechanism/ with their counts.
+2. ``states``: the vanilla GRPO run on the pool whose checkpoints after steps 6, 12 and 18 are states 1-3.
+3. ``measure``: per state (0, the base model, to 3), the held-out objectives' gradients, then 10 batches, each
+   played by the state's policy, updated three ways (vanilla; SEAL at the fixed-point and at the base ρ) through
+   the state's Adam step, and read to first order; on the first 2, the real change of J1 too. A recorded batch is
+   not played again, so the part resumes where it stopped.
 
-The later parts (the vanilla run's states, the 40 batches with the first-order check, M2) follow in the order the
-page gives. This file holds what they are built from, tested in tests/unit/test_mechanism_test.py: the held-out
-objectives and their gradients (``probe_objectives``), the three arms' advantages (``arm_advantages``), GRPO's
-gradient of a batch (``surrogate_gradient``), and the arithmetic the result is read with (``adam_change``,
-``first_order_change``, ``relative_gain``, ``clustered_interval``, ``sign_flip_p``).
+What they are built from is tested in tests/unit/test_mechanism_test.py and tests/scripted/test_mechanism_*.py:
+the held-out objectives and their gradients (``probe_objectives``), the three arms' advantages
+(``arm_advantages``), GRPO's gradient of a batch (``surrogate_gradient``), a checkpoint's Adam moments
+(``adam_state``) and the arithmetic the result is read with (``adam_change``, ``first_order_change``,
+``relative_gain``, ``clustered_interval``, ``sign_flip_p``). φ_schema's check (M2) is still to be written.
 
-    .venv/bin/python scripts/mechanism_test.py sets          # after both screens
+    .venv/bin/python scripts/mechanism_test.py sets            # after both screens
+    .venv/bin/python scripts/mechanism_test.py states          # then each part in turn
+    .venv/bin/python scripts/mechanism_test.py measure
     .venv/bin/python scripts/mechanism_test.py --summary-only  # every figure, from the committed records
 """
 
@@ -23,6 +30,7 @@ import json
 import random
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,8 +121,9 @@ def first_order_change(objective_grads: dict, change: dict) -> float:
 
 
 def relative_gain(seal: Sequence[float], vanilla: Sequence[float]) -> float:
-    """R: the mean over batches of SEAL's change minus vanilla's, over the mean of vanilla's."""
-    return (sum(seal) - sum(vanilla)) / sum(vanilla)
+    """R: the mean over batches of SEAL's change minus vanilla's, over the mean of vanilla's (nan when vanilla's
+    is 0: the batches gave no update to compare with)."""
+    return (sum(seal) - sum(vanilla)) / sum(vanilla) if sum(vanilla) else float("nan")
 
 
 def clustered_interval(by_state: Sequence[Sequence[tuple[float, float]]], resamples: int = 10_000, seed: int = 0,
@@ -196,8 +205,9 @@ def opening_ids(tokenizer, task, interface) -> list[int]:
     return TokenConversation(tokenizer, opening_messages(task, interface)).ids
 
 
-def probe_objectives(model, tokenizer, actions: list, declines: list, interface) -> tuple[dict, dict]:
-    """The held-out objectives at the model's weights and their gradients:
+def probe_objectives(model, tokenizer, actions: list, declines: list, interface,
+                     gradients: bool = True) -> tuple[dict, dict]:
+    """The held-out objectives at the model's weights and (unless not ``gradients``) their gradients:
     J1 the mean log p of each action turn's ground truth written strictly (with the end of the message);
     J2 the mean log p that an action turn's answer opens a tool call; J3 the mean log p that a decline turn's does
     not. ({name: value}, {name: {parameter: gradient}})."""
@@ -205,18 +215,22 @@ def probe_objectives(model, tokenizer, actions: list, declines: list, interface)
 
     parameters, opener = trainable(model), tokenizer(TOOL_CALL_OPEN, add_special_tokens=False)["input_ids"][0]
     values, grads = {"J1": 0.0, "J2": 0.0, "J3": 0.0}, {"J1": None, "J2": None, "J3": None}
-    for task in actions:
-        target = tokenizer(strict_answer(task.ground_truth[0]), add_special_tokens=False)["input_ids"]
-        chosen, first = completion_logprobs(model, opening_ids(tokenizer, task, interface),
-                                            target + [tokenizer.eos_token_id])
-        for name, value in (("J1", chosen.sum()), ("J2", first[opener])):
-            values[name] += float(value.detach()) / len(actions)
-            grads[name] = add_into(grads[name], gradient_of(value, parameters), 1 / len(actions))
-    for task in declines:
-        _, first = completion_logprobs(model, opening_ids(tokenizer, task, interface), [tokenizer.eos_token_id])
-        value = torch.log1p(-first[opener].exp())
-        values["J3"] += float(value.detach()) / len(declines)
-        grads["J3"] = add_into(grads["J3"], gradient_of(value, parameters), 1 / len(declines))
+
+    def add(name: str, value, count: int) -> None:
+        values[name] += float(value.detach()) / count
+        if gradients:
+            grads[name] = add_into(grads[name], gradient_of(value, parameters), 1 / count)
+
+    with torch.enable_grad() if gradients else torch.no_grad():
+        for task in actions:
+            target = tokenizer(strict_answer(task.ground_truth[0]), add_special_tokens=False)["input_ids"]
+            chosen, first = completion_logprobs(model, opening_ids(tokenizer, task, interface),
+                                                target + [tokenizer.eos_token_id])
+            add("J1", chosen.sum(), len(actions))
+            add("J2", first[opener], len(actions))
+        for task in declines:
+            _, first = completion_logprobs(model, opening_ids(tokenizer, task, interface), [tokenizer.eos_token_id])
+            add("J3", torch.log1p(-first[opener].exp()), len(declines))
     return values, grads
 
 
@@ -275,11 +289,204 @@ def surrogate_gradient(model, trajectories: list, advantages: list[float]) -> di
     return total if total is not None else {name: torch.zeros_like(p) for name, p in parameters.items()}
 
 
+# ---- the parts that run it ---------------------------------------------------------------------------------------
+
+ARMS = {"vanilla": None, "seal": FIXED_POINT_RHO, "seal_base": {}}  # ρ on top of the base utilities (None: no weights)
+OBJECTIVES = ("J1", "J2", "J3")
+
+
+@dataclass
+class Design:
+    """The pre-registered values (docs/results/mechanism-test.md); tests shrink them."""
+
+    recipe: Path = ROOT / "recipes" / "cpu-learn.yaml"
+    overrides: dict = field(default_factory=dict)  # on top of the recipe, for every part
+    work: Path = ROOT / "runs" / "mechanism"
+    records: Path = RECORDS
+    sets: Path = SETS
+    state_steps: tuple[int, ...] = (6, 12, 18)  # the vanilla run's checkpoints that are states 1, 2, 3
+    batches: int = 10
+    batch_tasks: int = 4
+    group: int = 8
+    checked: int = 2  # batches of each state whose first-order reading is checked against a real update
+    learning_rate: float = 1e-4
+    max_grad_norm: float = 1.0
+
+    def recipe_for(self, **overrides):
+        from seal_lite.core.recipe import load_recipe
+
+        return load_recipe(self.recipe, {"diagnoser.mode": "off", **self.overrides, **overrides})
+
+    def read_set(self, name: str) -> list[str]:
+        from seal_lite.runs.tasks import read_task_file
+
+        return read_task_file(self.sets / f"{name}.txt")
+
+
+def vanilla_states(design: Design) -> dict:
+    """The vanilla GRPO run on the pool whose checkpoints are states 1-3; recorded with its training reward."""
+    from seal_lite.engines.store import Store
+    from seal_lite.runs.train import run
+
+    out = design.work / "vanilla"
+    recipe = design.recipe_for(**{
+        "data.task_ids": design.read_set("pool"), "data.task_file": None, "grpo.steps": max(design.state_steps),
+        "grpo.tasks_per_step": design.batch_tasks, "rollout.num_generations": 4, "seed": 0,
+        "grpo.keep_checkpoints": max(design.state_steps), "interface.schema_cues": False,
+        "interface.recovery_feedback": False, "interface.capability_hints": False,
+        "grpo.diagnosis_weighting": False, "grpo.closed_loop": False})
+    summary = run(recipe, out)
+    checkpoints = {row["step"]: row["path"] for row in Store.open_readonly(out / "seal.db").checkpoints()}
+    record = {"run": str(out), "rewards": summary.rewards, "minutes": summary.wall_time_s / 60,
+              "states": {str(index + 1): checkpoints[step] for index, step in enumerate(design.state_steps)}}
+    write_record(design, "states.json", record)
+    return record
+
+
+def state_policy(design: Design, state: int):
+    """(model, tokenizer, Adam's moments and step count) of a state: the base model with a fresh LoRA (state 0) or
+    the vanilla run's checkpoint, its LoRA trainable."""
+    import torch
+    from peft import get_peft_model
+
+    from seal_lite.engines.model_sources import resolve_model
+    from seal_lite.engines.policy import load_policy, with_adapter
+
+    recipe = design.recipe_for()
+    policy = load_policy(resolve_model(recipe.policy.model), recipe)
+    if state == 0:
+        model = get_peft_model(policy.model, policy.peft_config)  # the LoRA TRL would give the run
+    else:
+        states = json.loads((design.records / "states.json").read_text())["states"]
+        checkpoint = design.work / "vanilla" / states[str(state)]
+        model = with_adapter(policy.model, checkpoint)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_("lora_" in name)
+    model.eval()  # no dropout: the gradients are the update's at these weights
+    if state == 0:
+        zeros = {name: torch.zeros_like(p) for name, p in trainable(model).items()}
+        return model, policy.tokenizer, (zeros, dict(zeros), 0), recipe
+    return model, policy.tokenizer, adam_state(model, checkpoint), recipe
+
+
+def measure_state(design: Design, state: int) -> None:
+    """State ``state``'s probe gradients, then its batches, each recorded as it ends (a recorded batch is skipped)."""
+    import torch
+
+    from seal_lite.core.advantages import initial_utilities
+    from seal_lite.core.interface import TrainingInterface
+    from seal_lite.engines.rollout_engine import rollout_engine
+    from seal_lite.envs.bfcl import load_tasks
+    from seal_lite.step.rollout import rollout_groups
+    from seal_lite.step.verifier import diagnose_episode
+
+    model, tokenizer, (exp_avg, exp_avg_sq, step), recipe = state_policy(design, state)
+    interface = TrainingInterface(tool_format=recipe.interface.tool_format)  # the plain view, φ's off
+    actions, declines = load_tasks(design.read_set("probe")), load_tasks(design.read_set("abstain"))
+    values, objective_grads = probe_objectives(model, tokenizer, actions, declines, interface)
+    write_record(design, f"probes-state{state}.json", {"state": state, "adam_step": step, "values": values,
+                                                        **machine(model)})
+    pool = [task.truncated(1) for task in load_tasks(design.read_set("pool"))]
+    rollout = recipe.rollout.model_copy(update={"num_generations": design.group})
+    with rollout_engine(recipe, model, tokenizer, design.work / f"engine-{state}", None) as (generator, sync):
+        for batch in range(design.batches):
+            name = f"batch-state{state}-{batch}.json"
+            if (design.records / name).exists():
+                continue
+            seed = 1000 * state + batch
+            tasks = random.Random(seed).sample(pool, design.batch_tasks)
+            torch.manual_seed(seed)
+            sync(seed)  # llama.cpp and vLLM: the state's LoRA, and a sampling stream of this batch's own
+            groups = rollout_groups([(task, TrainingInterface(tool_format=interface.tool_format)) for task in tasks],
+                                    design.group, generator, rollout)
+            diagnoses = [[diagnose_episode(task, t.turns) for t in group] for task, group in zip(tasks, groups)]
+            scored = [[(float(d.valid), d.labels) for d in group] for group in diagnoses]
+            trajectories = [t for group in groups for t in group]
+            changes, record = {}, {"state": state, "batch": batch, "tasks": [task.id for task in tasks],
+                                   "rewards": [[r for r, _ in g] for g in scored],
+                                   "labels": [[labels for _, labels in g] for g in scored], "delta": {}}
+            for arm, rho in ARMS.items():
+                advantages = arm_advantages(scored, None if rho is None else initial_utilities(rho))
+                grads = clip_to_norm(surrogate_gradient(model, trajectories, advantages), design.max_grad_norm)
+                changes[arm] = adam_change(grads, exp_avg, exp_avg_sq, step, design.learning_rate)
+                record["delta"][arm] = {k: first_order_change(objective_grads[k], changes[arm]) for k in OBJECTIVES}
+            record["cosine"] = {arm: cosine(changes["vanilla"], changes[arm]) for arm in ARMS if arm != "vanilla"}
+            if batch < design.checked:
+                record["check"] = {arm: real_change(model, changes[arm], lambda: probe_objectives(
+                    model, tokenizer, actions, declines, interface, gradients=False)[0]["J1"], values["J1"])
+                    for arm in ("vanilla", "seal")}
+            write_record(design, name, record)
+
+
+def real_change(model, change: dict, score, before: float) -> float:
+    """J1 after applying ``change`` to the LoRA for real, minus ``before``; the weights are put back after."""
+    import torch
+
+    parameters = trainable(model)
+    saved = {name: p.detach().clone() for name, p in parameters.items()}
+    with torch.no_grad():
+        for name, p in parameters.items():
+            p.add_(change[name].to(p.dtype))
+    try:
+        return score() - before
+    finally:
+        with torch.no_grad():
+            for name, p in parameters.items():
+                p.copy_(saved[name])
+
+
+def cosine(a: dict, b: dict) -> float:
+    dot = sum(float((a[name].double() * b[name].double()).sum()) for name in a)
+    norms = [sum(float((x[name].double() ** 2).sum()) for name in x) ** 0.5 for x in (a, b)]
+    return dot / (norms[0] * norms[1]) if norms[0] and norms[1] else 0.0
+
+
+def machine(model) -> dict:
+    """The CPU and the dtype a record was measured in (as scripts/cpu_experiment.py names the CPU)."""
+    import os
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    cpu = f"{os.cpu_count()} cores, {names[0] if names else platform.processor() or 'unknown CPU'}"
+    return {"machine": cpu, "dtype": str(model.dtype).removeprefix("torch.")}
+
+
+def write_record(design: Design, name: str, record: dict) -> None:
+    design.records.mkdir(parents=True, exist_ok=True)
+    (design.records / name).write_text(json.dumps(record, indent=1) + "\n")
+
+
+# ---- the result, from the records ---------------------------------------------------------------------------------
+
+def result(records: Path) -> dict:
+    """Every figure of the pre-registered analysis, from the batch records under ``records``."""
+    batches = [json.loads(path.read_text()) for path in sorted(records.glob("batch-state*.json"))]
+    if not batches:
+        return {}
+    by_state: dict[int, list[tuple[float, float]]] = {}
+    for b in batches:
+        by_state.setdefault(b["state"], []).append((b["delta"]["seal"]["J1"], b["delta"]["vanilla"]["J1"]))
+    seal, vanilla = zip(*[pair for pairs in by_state.values() for pair in pairs])
+    figures = {"batches": len(batches), "states": sorted(by_state), "R": relative_gain(seal, vanilla),
+               "R_interval": clustered_interval(list(by_state.values())),
+               "R_interval_batches": clustered_interval([[pair for pairs in by_state.values() for pair in pairs]]),
+               "sign_flip_p": sign_flip_p([s - v for s, v in zip(seal, vanilla)])}
+    figures["stop"] = figures["R_interval"][1] < 0.15  # the pre-registered decision rule
+    figures["secondary"] = {arm: {k: sum(b["delta"][arm][k] - b["delta"]["vanilla"][k] for b in batches)
+                                  / len(batches) for k in OBJECTIVES} for arm in ARMS if arm != "vanilla"}
+    checks = [(arm, b["check"][arm], b["delta"][arm]["J1"]) for b in batches if "check" in b for arm in b["check"]]
+    figures["check"] = {"pairs": len(checks), "signs_agree": sum((real > 0) == (first > 0) for _, real, first in checks),
+                        "ratios": [real / first for _, real, first in checks if first]}
+    return figures
+
+
 # ---- the command -------------------------------------------------------------------------------------------------
 
-def summary() -> None:
+def summary(design: Design) -> None:
     """Every figure of the parts recorded so far."""
-    sets = RECORDS / "sets.json"
+    sets = design.records / "sets.json"
     if not sets.exists():
         print("no part recorded yet: run the two screens of docs/results/mechanism-test.md, then `sets`")
         return
@@ -288,16 +495,37 @@ def summary() -> None:
           f"range; abstention turns: {len(chosen['abstain']['tasks'])}")
     print(f"training pool: {len(chosen['pool']['tasks'])} of {chosen['pool']['screened']} screened train tasks; "
           f"{len(chosen['pool']['twins'])} share a probe's first-turn ground truth")
+    figures = result(design.records)
+    if not figures:
+        return
+    low, high = figures["R_interval"]
+    print(f"{figures['batches']} batches of states {figures['states']}: R = {figures['R']:+.3f}, 95% interval "
+          f"[{low:+.3f}, {high:+.3f}] clustered by state ([{figures['R_interval_batches'][0]:+.3f}, "
+          f"{figures['R_interval_batches'][1]:+.3f}] over batches), sign-flip p = {figures['sign_flip_p']:.3g}")
+    print("decision: " + ("stop, the interval lies below +0.15" if figures["stop"] else "the interval reaches +0.15: "
+                          "pre-register the outcome test"))
+    for arm, deltas in figures["secondary"].items():
+        print(f"{arm} - vanilla, mean per batch: " + ", ".join(f"{k} {v:+.3g}" for k, v in deltas.items()))
+    check = figures["check"]
+    print(f"first-order check: signs agree in {check['signs_agree']} of {check['pairs']}; real / first-order: "
+          + ", ".join(f"{ratio:.2f}" for ratio in check["ratios"]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", nargs="?", choices=["sets"], help="the part to run")
+    parser.add_argument("part", nargs="?", choices=["sets", "states", "measure"], help="the part to run")
     parser.add_argument("--summary-only", action="store_true", help="print the recorded figures, run nothing")
     args = parser.parse_args()
-    if args.part == "sets" and not args.summary_only:
-        choose_sets()
-    summary()
+    design = Design()
+    if args.part and not args.summary_only:
+        if args.part == "sets":
+            choose_sets()
+        elif args.part == "states":
+            vanilla_states(design)
+        else:
+            for state in range(len(design.state_steps) + 1):
+                measure_state(design, state)
+    summary(design)
 
 
 if __name__ == "__main__":
