@@ -10,16 +10,19 @@ Parts, each recorded under --records (docs/results/mechanism-test/, committed) a
    played by the state's policy, updated three ways (vanilla; SEAL at the fixed-point and at the base ρ) through
    the state's Adam step, and read to first order; on the first 2, the real change of J1 too. A recorded batch is
    not played again, so the part resumes where it stopped.
+4. ``schema``: M2, φ_schema off and on for the base model on the pool, the same seed per task in both, under the
+   signatures view and on 20 tasks under BFCL's own.
 
 What they are built from is tested in tests/unit/test_mechanism_test.py and tests/scripted/test_mechanism_*.py:
 the held-out objectives and their gradients (``probe_objectives``), the three arms' advantages
 (``arm_advantages``), GRPO's gradient of a batch (``surrogate_gradient``), a checkpoint's Adam moments
 (``adam_state``) and the arithmetic the result is read with (``adam_change``, ``first_order_change``,
-``relative_gain``, ``clustered_interval``, ``sign_flip_p``). φ_schema's check (M2) is still to be written.
+``relative_gain``, ``clustered_interval``, ``sign_flip_p``).
 
     .venv/bin/python scripts/mechanism_test.py sets            # after both screens
     .venv/bin/python scripts/mechanism_test.py states          # then each part in turn
     .venv/bin/python scripts/mechanism_test.py measure
+    .venv/bin/python scripts/mechanism_test.py schema
     .venv/bin/python scripts/mechanism_test.py --summary-only  # every figure, from the committed records
 """
 
@@ -418,6 +421,60 @@ def measure_state(design: Design, state: int) -> None:
             write_record(design, name, record)
 
 
+SCHEMA_CAUSES = ("invalid_tool_call", "argument_mismatch")  # the failures φ_schema's cues are meant to prevent
+
+
+def reseed(generator, seed: int) -> None:
+    """A sampling stream of ``seed``'s own: the engine's (llama.cpp, paged, vLLM), else torch's (generate)."""
+    import torch
+
+    if hasattr(generator, "reseed"):
+        generator.reseed(seed)
+    torch.manual_seed(seed)
+
+
+def schema_check(design: Design, samples: int = 8, official_tasks: int = 20) -> dict:
+    """M2: the base model plays each pool task ``samples`` times with φ_schema off and on, the same seed per task
+    in both, under the recipe's view and then on the first ``official_tasks`` under BFCL's own; per view, each
+    task's passes in both arms and the counts of the causes the cues target. Recorded as ``schema.json``."""
+    from seal_lite.core.interface import TrainingInterface
+    from seal_lite.engines.model_sources import resolve_model
+    from seal_lite.engines.policy import load_policy
+    from seal_lite.engines.rollout_engine import rollout_engine
+    from seal_lite.envs.bfcl import load_tasks
+    from seal_lite.step.rollout import rollout_groups
+    from seal_lite.step.verifier import diagnose_episode
+
+    recipe = design.recipe_for()
+    policy = load_policy(resolve_model(recipe.policy.model), recipe)
+    pool = [task.truncated(1) for task in load_tasks(design.read_set("pool"))]
+    views = {recipe.interface.tool_format: pool, "official": pool[:official_tasks]}
+    record = {"samples": samples, "views": {}}
+    with rollout_engine(recipe.model_copy(update={"rollout": recipe.rollout.model_copy(update={
+            "max_context_tokens": max(recipe.rollout.max_context_tokens, 16384)})}), policy.model, policy.tokenizer,
+            design.work / "schema-engine", None) as (generator, _):
+        for view, tasks in views.items():
+            arms = {}
+            for cues in (False, True):
+                passes, causes = {}, dict.fromkeys(SCHEMA_CAUSES, 0)
+                for index, task in enumerate(tasks):
+                    reseed(generator, index)
+                    [group] = rollout_groups([(task, TrainingInterface(schema_cues=cues, tool_format=view))],
+                                             samples, generator, recipe.rollout)
+                    diagnoses = [diagnose_episode(task, t.turns) for t in group]
+                    passes[task.id] = sum(d.valid for d in diagnoses)
+                    for d in diagnoses:
+                        for cause in d.causes:
+                            if cause in causes:
+                                causes[cause] += 1
+                arms["on" if cues else "off"] = {"passes": passes, "causes": causes}
+            differences = [arms["on"]["passes"][t.id] - arms["off"]["passes"][t.id] for t in tasks]
+            record["views"][view] = {**arms, "mean_difference": sum(differences) / len(differences) / samples,
+                                     "sign_flip_p": sign_flip_p(differences)}
+    write_record(design, "schema.json", {**record, **machine(policy.model)})
+    return record
+
+
 def real_change(model, change: dict, score, before: float) -> float:
     """J1 after applying ``change`` to the LoRA for real, minus ``before``; the weights are put back after."""
     import torch
@@ -495,6 +552,7 @@ def summary(design: Design) -> None:
           f"range; abstention turns: {len(chosen['abstain']['tasks'])}")
     print(f"training pool: {len(chosen['pool']['tasks'])} of {chosen['pool']['screened']} screened train tasks; "
           f"{len(chosen['pool']['twins'])} share a probe's first-turn ground truth")
+    print_schema(design)
     figures = result(design.records)
     if not figures:
         return
@@ -511,9 +569,24 @@ def summary(design: Design) -> None:
           + ", ".join(f"{ratio:.2f}" for ratio in check["ratios"]))
 
 
+def print_schema(design: Design) -> None:
+    """M2's figures, once recorded."""
+    path = design.records / "schema.json"
+    if not path.exists():
+        return
+    record = json.loads(path.read_text())
+    for view, arms in record["views"].items():
+        rates = {arm: sum(arms[arm]["passes"].values()) / (len(arms[arm]["passes"]) * record["samples"])
+                 for arm in ("off", "on")}
+        print(f"φ_schema, {view} view, {len(arms['off']['passes'])} tasks x {record['samples']}: pass rate off "
+              f"{rates['off']:.3f}, on {rates['on']:.3f}; on - off per task {arms['mean_difference']:+.3f}, "
+              f"sign-flip p = {arms['sign_flip_p']:.3g}; targeted causes off {arms['off']['causes']}, "
+              f"on {arms['on']['causes']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", nargs="?", choices=["sets", "states", "measure"], help="the part to run")
+    parser.add_argument("part", nargs="?", choices=["sets", "states", "measure", "schema"], help="the part to run")
     parser.add_argument("--summary-only", action="store_true", help="print the recorded figures, run nothing")
     args = parser.parse_args()
     design = Design()
@@ -522,6 +595,8 @@ def main() -> None:
             choose_sets()
         elif args.part == "states":
             vanilla_states(design)
+        elif args.part == "schema":
+            schema_check(design)
         else:
             for state in range(len(design.state_steps) + 1):
                 measure_state(design, state)

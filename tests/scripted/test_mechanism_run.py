@@ -69,3 +69,14 @@ def test_the_parts_record_every_figure_and_resume(design, capsys):
     before = {path.name: path.stat().st_mtime_ns for path in design.records.glob("batch-*.json")}
     mechanism.measure_state(design, 1)  # resumes: its batches are recorded, so none is played again
     assert {path.name: path.stat().st_mtime_ns for path in design.records.glob("batch-*.json")} == before
+
+
+def test_the_schema_check_plays_each_task_both_ways_in_both_views(design):
+    record = mechanism.schema_check(design, samples=2, official_tasks=1)
+    assert set(record["views"]) == {"signatures", "official"}
+    signatures, official = record["views"]["signatures"], record["views"]["official"]
+    assert set(signatures["off"]["passes"]) == set(SETS["pool"]) and len(official["on"]["passes"]) == 1
+    # the scripted policy answers the first of each pair right whatever the prompt: the cue changes nothing here
+    assert all(passes == 1 for arm in ("off", "on") for passes in signatures[arm]["passes"].values())
+    assert signatures["mean_difference"] == 0 and signatures["sign_flip_p"] == 1.0
+    assert json.loads((design.records / "schema.json").read_text())["views"] == record["views"]
