@@ -534,7 +534,8 @@ def result(records: Path) -> dict:
     figures["secondary"] = {arm: {k: sum(b["delta"][arm][k] - b["delta"]["vanilla"][k] for b in batches)
                                   / len(batches) for k in OBJECTIVES} for arm in ARMS if arm != "vanilla"}
     checks = [(arm, b["check"][arm], b["delta"][arm]["J1"]) for b in batches if "check" in b for arm in b["check"]]
-    figures["check"] = {"pairs": len(checks), "signs_agree": sum((real > 0) == (first > 0) for _, real, first in checks),
+    figures["check"] = {"pairs": len(checks),
+                        "signs_agree": sum((real > 0) == (first > 0) for _, real, first in checks),
                         "ratios": [real / first for _, real, first in checks if first]}
     return figures
 

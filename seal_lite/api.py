@@ -170,10 +170,10 @@ def screen(recipe: Recipe, out_dir: str | Path | None = None, *, samples: int | 
            progress: Progress | None = None, frontier_file: str | Path | None = None,
            command: str = "seal_lite.screen() in Python") -> dict[str, float]:
     """Each task of the recipe's slice played ``samples`` times (default: data.screen, else 4) by the base policy,
-    as training would: {task id: pass rate}. Tasks that any accepted call passes are left out, unplayed. Stored in out_dir/seal.db (default the recipe's run directory),
-    where a run with ``data.screen`` reuses it; an interrupted screen goes on where it stopped. ``frontier_file``:
-    also write the tasks solved sometimes, not always, there for a recipe's ``data.task_file``, with ``command``
-    (what produced it) in its header."""
+    as training would: {task id: pass rate}. Tasks that any accepted call passes are left out, unplayed. Stored in
+    out_dir/seal.db (default the recipe's run directory), where a run with ``data.screen`` reuses it; an interrupted
+    screen goes on where it stopped. ``frontier_file``: also write the tasks solved sometimes, not always, there for
+    a recipe's ``data.task_file``, with ``command`` (what produced it) in its header."""
     from seal_lite.engines.model_sources import resolve_model
     from seal_lite.engines.policy import load_policy
     from seal_lite.engines.store import Store
@@ -201,8 +201,8 @@ def evaluate(target: str | Path, *, benchmark: str = "bfcl", tasks: int | None =
              steps: tuple[int, ...] = (), best: bool = False, overrides: dict | None = None, progress=None,
              note: Callable[[str], None] = lambda text: None, **options) -> dict:
     """Evaluate a run directory's trained policy (``steps``: its checkpoints, default the final adapter; ``best``:
-    its best validation checkpoint; ``base``: its base model too) or a model on held-out BFCL tasks (``split``, ``view``) or on τ²-bench (``benchmark="tau2"``:
-    ``domains``, ``user_model``, ``max_steps``, ``into``). ``tasks``: the first N of each category or domain.
+    its best validation checkpoint; ``base``: its base model too) or a model on held-out BFCL tasks (``split``,
+    ``view``) or on τ²-bench (``benchmark="tau2"``: ``domains``, ``user_model``, ``max_steps``, ``into``). ``tasks``: the first N of each category or domain.
     Returns {"summary": {model label: {category: scores}}, "tasks": {model label: [per-task results]}}; a run
     directory also stores them in its seal.db. ``progress(label, total)`` is a context manager that is called with
     each task's result (console.EvalProgress); ``note`` receives what is about to happen."""

@@ -3,9 +3,10 @@
 Every ``validation.every`` steps, after the last step, and before the first with ``before_training``, the current
 policy plays the held-out slice once, greedily, under BFCL's own view, scored by the official verdict: what
 ``seal-lite eval`` does (seal_lite/runs/evaluate_bfcl.py), here on the run's own rollout engine (the recipe's context
-must hold the official view: 16,384 tokens at least). The results go to the store's ``validations`` table under the step. When the score (``validation.metric``,
-averaged over the slice's categories) beats every earlier one, that adapter becomes the run's best: RUN/best-adapter,
-beside the final RUN/adapter; ``seal-lite eval RUN --best`` scores it.
+must hold the official view: 16,384 tokens at least). The results go to the store's ``validations`` table under the
+step. When the score (``validation.metric``, averaged over the slice's categories) beats every earlier one, that
+adapter becomes the run's best: RUN/best-adapter, beside the final RUN/adapter; ``seal-lite eval RUN --best`` scores
+it.
 
 Validation reads the policy and writes only its table and the best adapter. The training interface, the failure
 statistics, rho and the random state of training are untouched (torch's and Python's generators are forked around

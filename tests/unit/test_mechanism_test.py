@@ -188,7 +188,8 @@ def test_the_batch_gradient_is_grpos_on_policy_and_env_tokens_carry_none(lora_mo
 def test_the_arms_advantages_are_grpos_and_seals_at_the_given_rho():
     from seal_lite.core.advantages import initial_utilities
 
-    groups = [[(1.0, ["pass"]), (0.0, ["empty_turn_model_response"])], [(0.0, ["state_mismatch"]), (0.0, ["empty_turn_model_response"])]]
+    groups = [[(1.0, ["pass"]), (0.0, ["empty_turn_model_response"])],
+              [(0.0, ["state_mismatch"]), (0.0, ["empty_turn_model_response"])]]
     vanilla = mechanism.arm_advantages(groups, None)
     assert vanilla[0] == pytest.approx(0.7071, abs=1e-3) and vanilla[1] == pytest.approx(-0.7071, abs=1e-3)
     assert vanilla[2:] == [0.0, 0.0]  # equal rewards: no advantage, weighted or not
