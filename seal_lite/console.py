@@ -19,7 +19,8 @@ def print_recipe(recipe, out_dir) -> None:
     console.print(
         f"[bold]seal-lite run[/] {r.name}: model={r.policy.model}, {r.grpo.steps} steps x "
         f"{r.grpo.tasks_per_step} tasks x G={r.rollout.num_generations}, categories={','.join(r.data.categories)}, "
-        f"schema_cues={r.interface.schema_cues}, weighting={r.grpo.diagnosis_weighting} -> {out_dir}"
+        f"schema_cues={r.interface.schema_cues}, weighting={r.grpo.diagnosis_weighting}"
+        + (f", validation every {r.validation.every} steps" if r.validation.every else "") + f" -> {out_dir}"
     )
 
 
