@@ -3,8 +3,10 @@ held-out behaviour beyond the vanilla update, given the same rollout batches?
 
 Parts, each recorded under --records (docs/results/mechanism-test/, committed) as soon as it is done:
 
-1. ``sets``: the probe set P, the abstention turns and the training pool, chosen from the two screens' stores
-   (the page gives the screen commands; run them first) and written to data/mechanism/ with their counts.
+0. ``screen-probe``, ``screen-pool``: the two screens, ``seal-lite screen``'s own code with the page's settings;
+   each task's passes are recorded as it is screened, so a screen resumes from the records on any machine.
+1. ``sets``: the probe set P, the abstention turns and the training pool, chosen from the two screens and written
+   to data/mechanism/ with their counts.
 2. ``states``: the vanilla GRPO run on the pool whose checkpoints after steps 6, 12 and 18 are states 1-3.
 3. ``measure``: per state (0, the base model, to 3), the held-out objectives' gradients, then 10 batches, each
    played by the state's policy, updated three ways (vanilla; SEAL at the fixed-point and at the base ρ) through
@@ -19,6 +21,7 @@ the held-out objectives and their gradients (``probe_objectives``), the three ar
 (``adam_state``) and the arithmetic the result is read with (``adam_change``, ``first_order_change``,
 ``relative_gain``, ``clustered_interval``, ``sign_flip_p``).
 
+    nice -n 10 .venv/bin/python scripts/mechanism_test.py screen-probe   # then screen-pool
     .venv/bin/python scripts/mechanism_test.py sets            # after both screens
     .venv/bin/python scripts/mechanism_test.py states          # then each part in turn
     .venv/bin/python scripts/mechanism_test.py measure
@@ -41,7 +44,6 @@ sys.path.insert(0, str(ROOT))
 
 RECORDS = ROOT / "docs" / "results" / "mechanism-test"
 SETS = ROOT / "data" / "mechanism"
-SCREENS = {"probe": ROOT / "runs" / "mechanism" / "probe-screen", "pool": ROOT / "runs" / "mechanism" / "pool-screen"}
 IN_RANGE = (1 / 6, 5 / 6)  # pass rates kept, over the screen's 6 samples
 PER_PATTERN = 3  # at most this many tasks per identical first-turn ground truth
 ABSTENTIONS = 24  # the eval split's miss_param first turns that must be declined, at most
@@ -70,29 +72,72 @@ def abstention_turns(ground_truth: dict[str, list[str]], order: Sequence[str]) -
     return [task_id for task_id in order if "miss_param" in task_id and not ground_truth[task_id]][:ABSTENTIONS]
 
 
-def choose_sets() -> dict:
-    """P, the abstention turns and the pool from the screens' stores; written to data/mechanism/ and recorded."""
+SCREEN_SPLITS = {"probe": "eval", "pool": "train"}
+SCREEN_SAMPLES = 6
+
+
+def screen(design: Design, name: str) -> dict[str, float]:
+    """The pre-registered screen of ``name`` (probe: the eval split, pool: the train split): ``seal-lite screen``'s
+    own code with the page's settings, the store under runs/mechanism/<name>-screen. Each task's passes are also
+    recorded (``screen-<name>.json``) as soon as it is screened, and a store that lacks them is filled from that
+    record first, so a screen goes on where it stopped on a machine that kept nothing of runs/."""
+    from seal_lite import api
+    from seal_lite.core.types import NoProgress
     from seal_lite.engines.store import Store
+
+    out, record = design.work / f"{name}-screen", design.records / f"screen-{name}.json"
+    out.mkdir(parents=True, exist_ok=True)
+    store = Store(out / "seal.db")
+    rows = json.loads(record.read_text())["tasks"] if record.exists() else {}
+    for task_id, row in rows.items():
+        if task_id not in store.screen():
+            store.save_screen({"task_id": task_id, **row})
+    rows = {task_id: {key: row[key] for key in ("samples", "passes", "seconds")}
+            for task_id, row in store.screen().items()}
+
+    def save() -> None:
+        write_record(design, record.name, {"split": SCREEN_SPLITS[name], "samples": SCREEN_SAMPLES, "tasks": rows,
+                                           **machine_cpu()})
+
+    class Recording(NoProgress):
+        def task_screened(self, task_id, passes, samples):
+            rows[task_id] = {key: store.screen()[task_id][key] for key in ("samples", "passes", "seconds")}
+            save()
+
+        def tasks_excluded(self, task_ids, reason):
+            write_record(design, f"screen-{name}-excluded.json", {"tasks": task_ids, "reason": reason})
+
+    if rows:
+        save()  # what the store already holds, before any more is played
+    recipe = design.recipe_for(**{"data.task_ids": None, "data.task_file": None, "data.split": SCREEN_SPLITS[name],
+                                  "data.num_tasks": design.screen_tasks, "data.categories": ["base", "miss_func", "miss_param",
+                                                                             "long_context"]})
+    return api.screen(recipe, out, samples=SCREEN_SAMPLES, progress=Recording(),
+                      command=f"scripts/mechanism_test.py screen-{name}")
+
+
+def choose_sets(design: Design) -> dict:
+    """P, the abstention turns and the pool from the screens' records; written to data/mechanism/ and recorded."""
     from seal_lite.envs.bfcl import load_tasks, split_ids
-    from seal_lite.step.screen import pass_rates
 
     chosen = {}
-    for name, split in (("probe", "eval"), ("pool", "train")):
+    for name, split in SCREEN_SPLITS.items():
         order = split_ids(split)
         ground_truth = {task.id: task.ground_truth[0] for task in load_tasks(order)}
-        rates = pass_rates(Store.open_readonly(SCREENS[name] / "seal.db").screen())
+        rows = json.loads((design.records / f"screen-{name}.json").read_text())["tasks"]
+        rates = {task_id: row["passes"] / row["samples"] for task_id, row in rows.items()}
         chosen[name] = {"split": split, "screened": len(rates), "tasks": in_range_tasks(rates, ground_truth, order)}
         if name == "probe":
             chosen["abstain"] = {"split": split, "tasks": abstention_turns(ground_truth, order)}
     probe_truths = {tuple(task.ground_truth[0]) for task in load_tasks(chosen["probe"]["tasks"])}
     chosen["pool"]["twins"] = [task.id for task in load_tasks(chosen["pool"]["tasks"])
                                if tuple(task.ground_truth[0]) in probe_truths]
-    SETS.mkdir(parents=True, exist_ok=True)
+    design.sets.mkdir(parents=True, exist_ok=True)
     for name in ("probe", "abstain", "pool"):
-        (SETS / f"{name}.txt").write_text(f"# {name}: written by scripts/mechanism_test.py sets from the screens of "
-                                          "docs/results/mechanism-test.md\n" + "\n".join(chosen[name]["tasks"]) + "\n")
-    RECORDS.mkdir(parents=True, exist_ok=True)
-    (RECORDS / "sets.json").write_text(json.dumps(chosen, indent=1) + "\n")
+        (design.sets / f"{name}.txt").write_text(f"# {name}: written by scripts/mechanism_test.py sets from the "
+                                                 "screens of docs/results/mechanism-test.md\n"
+                                                 + "\n".join(chosen[name]["tasks"]) + "\n")
+    write_record(design, "sets.json", chosen)
     return chosen
 
 
@@ -307,6 +352,7 @@ class Design:
     work: Path = ROOT / "runs" / "mechanism"
     records: Path = RECORDS
     sets: Path = SETS
+    screen_tasks: int = 400  # of each split, after the recipe's seeded shuffle: all of them
     state_steps: tuple[int, ...] = (6, 12, 18)  # the vanilla run's checkpoints that are states 1, 2, 3
     batches: int = 10
     batch_tasks: int = 4
@@ -498,16 +544,20 @@ def cosine(a: dict, b: dict) -> float:
     return dot / (norms[0] * norms[1]) if norms[0] and norms[1] else 0.0
 
 
-def machine(model) -> dict:
-    """The CPU and the dtype a record was measured in (as scripts/cpu_experiment.py names the CPU)."""
+def machine_cpu() -> dict:
+    """The CPU a record was measured on (as scripts/cpu_experiment.py names it)."""
     import os
     import platform
 
     cpuinfo = Path("/proc/cpuinfo")
     names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
              if line.startswith("model name")] if cpuinfo.exists() else []
-    cpu = f"{os.cpu_count()} cores, {names[0] if names else platform.processor() or 'unknown CPU'}"
-    return {"machine": cpu, "dtype": str(model.dtype).removeprefix("torch.")}
+    return {"machine": f"{os.cpu_count()} cores, {names[0] if names else platform.processor() or 'unknown CPU'}"}
+
+
+def machine(model) -> dict:
+    """The CPU and the dtype a record was measured in."""
+    return {**machine_cpu(), "dtype": str(model.dtype).removeprefix("torch.")}
 
 
 def write_record(design: Design, name: str, record: dict) -> None:
@@ -587,13 +637,16 @@ def print_schema(design: Design) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", nargs="?", choices=["sets", "states", "measure", "schema"], help="the part to run")
+    parser.add_argument("part", nargs="?", choices=["screen-probe", "screen-pool", "sets", "states", "measure", "schema"],
+                        help="the part to run")
     parser.add_argument("--summary-only", action="store_true", help="print the recorded figures, run nothing")
     args = parser.parse_args()
     design = Design()
     if args.part and not args.summary_only:
-        if args.part == "sets":
-            choose_sets()
+        if args.part.startswith("screen-"):
+            screen(design, args.part.removeprefix("screen-"))
+        elif args.part == "sets":
+            choose_sets(design)
         elif args.part == "states":
             vanilla_states(design)
         elif args.part == "schema":

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from seal_lite.engines.transformers_generate import TransformersGenerator
-from seal_lite.envs.bfcl import load_tasks
+from seal_lite.envs.bfcl import load_tasks, split_ids
 from tests.helpers import load_script, tool_call_text
 
 mechanism = load_script("mechanism_test")
@@ -26,9 +26,10 @@ def design(tmp_path, tiny_model_dir, monkeypatch):
         sampled = generate(self, batch, max_new_tokens, temperature)
         answers = []
         for row, (context, ids) in enumerate(zip(batch, sampled)):
-            task = next(t for t in tasks if t.user_message(0) in self.tokenizer.decode(context))
+            task = next((t for t in tasks if t.user_message(0) in self.tokenizer.decode(context)), None)
+            right = task is not None and row % 2 == 0  # a task outside the sets plays as the model does
             answers.append(self.tokenizer(tool_call_text(task.ground_truth[0]), add_special_tokens=False)["input_ids"]
-                           + [self.tokenizer.eos_token_id] if row % 2 == 0 else ids)
+                           + [self.tokenizer.eos_token_id] if right else ids)
         return answers
 
     monkeypatch.setattr(TransformersGenerator, "generate", half_right)
@@ -80,3 +81,31 @@ def test_the_schema_check_plays_each_task_both_ways_in_both_views(design):
     assert all(passes == 1 for arm in ("off", "on") for passes in signatures[arm]["passes"].values())
     assert signatures["mean_difference"] == 0 and signatures["sign_flip_p"] == 1.0
     assert json.loads((design.records / "schema.json").read_text())["views"] == record["views"]
+
+
+def test_a_screen_is_recorded_as_it_goes_and_resumes_from_its_records_alone(design, monkeypatch):
+    design.screen_tasks = 3
+    mechanism.screen(design, "probe")
+    record = json.loads((design.records / "screen-probe.json").read_text())
+    assert record["split"] == "eval" and record["samples"] == 6 and len(record["tasks"]) == 3
+    assert all(row["samples"] == 6 and 0 <= row["passes"] <= 6 for row in record["tasks"].values())
+
+    import shutil
+
+    shutil.rmtree(design.work / "probe-screen")  # a machine that kept nothing of runs/
+    played = []
+    monkeypatch.setattr(TransformersGenerator, "generate", lambda self, batch, *args: played.append(batch) or [])
+    rates = mechanism.screen(design, "probe")
+    assert not played and json.loads((design.records / "screen-probe.json").read_text()) == record
+    assert rates == {task_id: row["passes"] / 6 for task_id, row in record["tasks"].items()}
+
+
+def test_the_sets_come_from_the_screens_records(design):
+    for name, split in (("probe", "eval"), ("pool", "train")):
+        rows = {task_id: {"samples": 6, "passes": passes, "seconds": 1.0}
+                for task_id, passes in zip(split_ids(split)[:4], (3, 0, 6, 1))}
+        mechanism.write_record(design, f"screen-{name}.json", {"split": split, "samples": 6, "tasks": rows})
+    chosen = mechanism.choose_sets(design)
+    assert chosen["probe"]["screened"] == 4 and len(chosen["probe"]["tasks"]) == 2  # 3/6 and 1/6 are in range
+    assert chosen["abstain"]["tasks"] and all("miss_param" in task_id for task_id in chosen["abstain"]["tasks"])
+    assert design.read_set("pool") == chosen["pool"]["tasks"] and design.read_set("probe") == chosen["probe"]["tasks"]
