@@ -41,21 +41,20 @@ def design(tmp_path, tiny_model_dir, monkeypatch):
         overrides={"policy.model": tiny_model_dir, "policy.dtype": "float32", "rollout.backend": "transformers",
                    "rollout.max_new_tokens": 8, "rollout.max_model_calls": 1, "grpo.mini_batches": 1,
                    "grpo.dynamic_sampling": None, "grpo.learning_rate": 1e-2},
-        work=tmp_path / "work", records=tmp_path / "records", sets=sets, state_steps=(1, 2), batches=2,
+        work=tmp_path / "work", records=tmp_path / "records", sets=sets, state_steps=(2,), batches=2,
         batch_tasks=2, group=2, checked=1, learning_rate=1e-2)
 
 
 def test_the_parts_record_every_figure_and_resume(design, capsys):
     states = mechanism.vanilla_states(design)
-    assert set(states["states"]) == {"1", "2"} and len(states["rewards"]) == 2
-    for state in (0, 1, 2):
+    assert set(states["states"]) == {"1"} and len(states["rewards"]) == 2  # state 1: the checkpoint after step 2
+    for state in (0, 1):
         mechanism.measure_state(design, state)
     records = sorted(path.name for path in design.records.glob("*.json"))
     assert records == ["batch-state0-0.json", "batch-state0-1.json", "batch-state1-0.json", "batch-state1-1.json",
-                       "batch-state2-0.json", "batch-state2-1.json", "probes-state0.json", "probes-state1.json",
-                       "probes-state2.json", "states.json"]
-    probes = [json.loads((design.records / f"probes-state{s}.json").read_text()) for s in (0, 1, 2)]
-    assert [p["adam_step"] for p in probes] == [0, 1, 2] and probes[0]["values"] != probes[2]["values"]
+                       "probes-state0.json", "probes-state1.json", "states.json"]
+    probes = [json.loads((design.records / f"probes-state{s}.json").read_text()) for s in (0, 1)]
+    assert [p["adam_step"] for p in probes] == [0, 2] and probes[0]["values"] != probes[1]["values"]
     batch = json.loads((design.records / "batch-state1-0.json").read_text())
     assert len(batch["tasks"]) == 2 and [len(r) for r in batch["rewards"]] == [2, 2]
     assert set(batch["delta"]) == {"vanilla", "seal", "seal_base"} and "check" in batch
@@ -63,7 +62,7 @@ def test_the_parts_record_every_figure_and_resume(design, capsys):
     assert "check" not in json.loads((design.records / "batch-state1-1.json").read_text())  # only the first
 
     figures = mechanism.result(design.records)
-    assert figures["batches"] == 6 and figures["states"] == [0, 1, 2] and figures["check"]["pairs"] == 6
+    assert figures["batches"] == 4 and figures["states"] == [0, 1] and figures["check"]["pairs"] == 4
     assert math.isfinite(figures["R"]) and figures["R_interval"][0] <= figures["R"] <= figures["R_interval"][1]
     assert 0 < figures["sign_flip_p"] <= 1 and isinstance(figures["stop"], bool)
 
