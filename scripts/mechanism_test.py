@@ -587,6 +587,11 @@ def result(records: Path) -> dict:
     figures["check"] = {"pairs": len(checks),
                         "signs_agree": sum((real > 0) == (first > 0) for _, real, first in checks),
                         "ratios": [real / first for _, real, first in checks if first]}
+    checked = [b for b in batches if "check" in b]
+    # the pre-registered fallback: with fewer than 3 in 4 signs agreeing, R is read on the real changes instead
+    figures["first_order_reliable"] = figures["check"]["signs_agree"] >= 0.75 * len(checks)
+    if checked:
+        figures["R_real"] = relative_gain([b["check"]["seal"] for b in checked], [b["check"]["vanilla"] for b in checked])
     return figures
 
 
@@ -618,6 +623,9 @@ def summary(design: Design) -> None:
     check = figures["check"]
     print(f"first-order check: signs agree in {check['signs_agree']} of {check['pairs']}; real / first-order: "
           + ", ".join(f"{ratio:.2f}" for ratio in check["ratios"]))
+    if not figures["first_order_reliable"]:
+        print(f"the first-order reading is unreliable (pre-registered fallback): R on the real changes of the "
+              f"checked batches = {figures['R_real']:+.3f}")
 
 
 def print_schema(design: Design) -> None:

@@ -65,6 +65,7 @@ def test_the_parts_record_every_figure_and_resume(design, capsys):
     assert figures["batches"] == 4 and figures["states"] == [0, 1] and figures["check"]["pairs"] == 4
     assert math.isfinite(figures["R"]) and figures["R_interval"][0] <= figures["R"] <= figures["R_interval"][1]
     assert 0 < figures["sign_flip_p"] <= 1 and isinstance(figures["stop"], bool)
+    assert isinstance(figures["first_order_reliable"], bool) and "R_real" in figures
 
     before = {path.name: path.stat().st_mtime_ns for path in design.records.glob("batch-*.json")}
     mechanism.measure_state(design, 1)  # resumes: its batches are recorded, so none is played again

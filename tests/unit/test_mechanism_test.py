@@ -195,3 +195,27 @@ def test_the_arms_advantages_are_grpos_and_seals_at_the_given_rho():
     assert vanilla[2:] == [0.0, 0.0]  # equal rewards: no advantage, weighted or not
     seal = mechanism.arm_advantages(groups, initial_utilities(mechanism.FIXED_POINT_RHO))
     assert seal[0] == pytest.approx(vanilla[0]) and seal[1] == pytest.approx(1.93 * vanilla[1]) and seal[2:] == [0, 0]
+
+
+def test_the_result_is_read_from_the_records_with_its_decision_and_fallback(tmp_path):
+    """Hand-made batch records: SEAL's J1 change is 1.5 x vanilla's in every batch, so R = +0.5 exactly, the interval
+    collapses onto it and the rule does not stop; the checks disagree in sign, so the fallback reads R on them."""
+    import json
+
+    for state in (0, 1):
+        for batch in range(3):
+            vanilla = 0.01 * (1 + state + batch)
+            record = {"state": state, "batch": batch,
+                      "delta": {"vanilla": {"J1": vanilla, "J2": 0.0, "J3": 0.0},
+                                "seal": {"J1": 1.5 * vanilla, "J2": 0.1, "J3": -0.1},
+                                "seal_base": {"J1": 1.2 * vanilla, "J2": 0.0, "J3": 0.0}}}
+            if batch == 0:
+                record["check"] = {"vanilla": -vanilla, "seal": -3 * vanilla}  # real changes of the other sign
+            (tmp_path / f"batch-state{state}-{batch}.json").write_text(json.dumps(record))
+    figures = mechanism.result(tmp_path)
+    assert figures["batches"] == 6 and figures["R"] == pytest.approx(0.5)
+    assert figures["R_interval"] == pytest.approx((0.5, 0.5)) and figures["stop"] is False
+    assert figures["secondary"]["seal"]["J2"] == pytest.approx(0.1) and figures["secondary"]["seal_base"]["J1"] > 0
+    assert figures["check"]["pairs"] == 4 and figures["check"]["signs_agree"] == 0
+    assert figures["first_order_reliable"] is False and figures["R_real"] == pytest.approx(2.0)
+    assert mechanism.result(tmp_path / "none") == {}
