@@ -41,6 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from cpu_experiment import machine as cpu_machine  # noqa: E402
 
 RECORDS = ROOT / "docs" / "results" / "mechanism-test"
 SETS = ROOT / "data" / "mechanism"
@@ -89,15 +91,16 @@ def screen(design: Design, name: str) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
     store = Store(out / "seal.db")
     rows = json.loads(record.read_text())["tasks"] if record.exists() else {}
+    stored = store.screen()
     for task_id, row in rows.items():
-        if task_id not in store.screen():
+        if task_id not in stored:
             store.save_screen({"task_id": task_id, **row})
     rows = {task_id: {key: row[key] for key in ("samples", "passes", "seconds")}
             for task_id, row in store.screen().items()}
 
     def save() -> None:
         write_record(design, record.name, {"split": SCREEN_SPLITS[name], "samples": SCREEN_SAMPLES, "tasks": rows,
-                                           **machine_cpu()})
+                                           "machine": cpu_machine()})
 
     class Recording(NoProgress):
         def task_screened(self, task_id, passes, samples):
@@ -544,20 +547,9 @@ def cosine(a: dict, b: dict) -> float:
     return dot / (norms[0] * norms[1]) if norms[0] and norms[1] else 0.0
 
 
-def machine_cpu() -> dict:
-    """The CPU a record was measured on (as scripts/cpu_experiment.py names it)."""
-    import os
-    import platform
-
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.exists() else []
-    return {"machine": f"{os.cpu_count()} cores, {names[0] if names else platform.processor() or 'unknown CPU'}"}
-
-
 def machine(model) -> dict:
-    """The CPU and the dtype a record was measured in."""
-    return {**machine_cpu(), "dtype": str(model.dtype).removeprefix("torch.")}
+    """The CPU (as every CPU experiment's records name it) and the dtype a record was measured in."""
+    return {"machine": cpu_machine(), "dtype": str(model.dtype).removeprefix("torch.")}
 
 
 def write_record(design: Design, name: str, record: dict) -> None:
