@@ -87,6 +87,30 @@ class HalfRightOnSome:
         return out
 
 
+def answer_with_ground_truth(monkeypatch, tasks, right, others_play: bool = False) -> None:
+    """Patch ``TransformersGenerator.generate``: the model generates as usual, then each message whose context holds
+    one of ``tasks`` becomes that task's ground truth (its first turn, as <tool_call> blocks) where ``right(row)``
+    says so, ``row`` its place in the batch. A message of no such task is an error, or with ``others_play`` stays
+    the model's."""
+    from seal_lite.engines.transformers_generate import TransformersGenerator
+
+    generate = TransformersGenerator.generate
+
+    def scripted(self, batch, max_new_tokens, temperature):
+        answers = []
+        for row, (context, ids) in enumerate(zip(batch, generate(self, batch, max_new_tokens, temperature))):
+            text = self.tokenizer.decode(context)
+            task = next((t for t in tasks if t.user_message(0) in text), None)
+            assert task is not None or others_play, "a message of a task the script does not know"
+            if task is not None and right(row):
+                ids = (self.tokenizer(tool_call_text(task.ground_truth[0]), add_special_tokens=False)["input_ids"]
+                       + [self.tokenizer.eos_token_id])
+            answers.append(ids)
+        return answers
+
+    monkeypatch.setattr(TransformersGenerator, "generate", scripted)
+
+
 def randomize_lora(model, seed: int = 1) -> None:
     """A trained LoRA: every B, zero when peft made it, drawn from N(0, 0.5²) by ``seed``."""
     import torch

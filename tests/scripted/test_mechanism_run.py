@@ -10,7 +10,7 @@ import pytest
 
 from seal_lite.engines.transformers_generate import TransformersGenerator
 from seal_lite.envs.bfcl import load_tasks, split_ids
-from tests.helpers import load_script, tool_call_text
+from tests.helpers import answer_with_ground_truth, load_script
 
 mechanism = load_script("mechanism_test")
 SETS = {"probe": ["multi_turn_base_100", "multi_turn_base_101"], "abstain": ["multi_turn_miss_param_11"],
@@ -20,19 +20,7 @@ SETS = {"probe": ["multi_turn_base_100", "multi_turn_base_101"], "abstain": ["mu
 @pytest.fixture
 def design(tmp_path, tiny_model_dir, monkeypatch):
     tasks = load_tasks([task_id for ids in SETS.values() for task_id in ids])
-    generate = TransformersGenerator.generate
-
-    def half_right(self, batch, max_new_tokens, temperature):
-        sampled = generate(self, batch, max_new_tokens, temperature)
-        answers = []
-        for row, (context, ids) in enumerate(zip(batch, sampled)):
-            task = next((t for t in tasks if t.user_message(0) in self.tokenizer.decode(context)), None)
-            right = task is not None and row % 2 == 0  # a task outside the sets plays as the model does
-            answers.append(self.tokenizer(tool_call_text(task.ground_truth[0]), add_special_tokens=False)["input_ids"]
-                           + [self.tokenizer.eos_token_id] if right else ids)
-        return answers
-
-    monkeypatch.setattr(TransformersGenerator, "generate", half_right)
+    answer_with_ground_truth(monkeypatch, tasks, lambda row: row % 2 == 0, others_play=True)  # a screen's tasks too
     sets = tmp_path / "sets"
     sets.mkdir()
     for name, ids in SETS.items():

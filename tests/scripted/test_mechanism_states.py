@@ -5,10 +5,9 @@ import pytest
 import torch
 
 from seal_lite.core.recipe import load_recipe
-from seal_lite.engines.transformers_generate import TransformersGenerator
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.runs.train import run
-from tests.helpers import load_script, tool_call_text
+from tests.helpers import answer_with_ground_truth, load_script
 
 mechanism = load_script("mechanism_test")
 TASKS = ["multi_turn_base_0", "multi_turn_base_1"]
@@ -18,19 +17,7 @@ def test_adams_moments_come_back_under_the_names_they_were_stepped_for(tmp_path,
     """One optimizer step from a fresh LoRA: every B is zero, so only the B matrices get a gradient, and Adam's first
     step moves each B entry by -lr * sign(its gradient) = -lr * sign(exp_avg). A moment read back under another
     parameter's name (a layer, or q and v, swapped) breaks that."""
-    tasks = load_tasks(TASKS)
-    generate = TransformersGenerator.generate
-
-    def half_right(self, batch, max_new_tokens, temperature):  # the first of each pair right: a learning signal
-        sampled = generate(self, batch, max_new_tokens, temperature)
-        answers = []
-        for row, (context, ids) in enumerate(zip(batch, sampled)):
-            task = next(t for t in tasks if t.user_message(0) in self.tokenizer.decode(context))
-            answers.append(self.tokenizer(tool_call_text(task.ground_truth[0]), add_special_tokens=False)["input_ids"]
-                           + [self.tokenizer.eos_token_id] if row % 2 == 0 else ids)
-        return answers
-
-    monkeypatch.setattr(TransformersGenerator, "generate", half_right)
+    answer_with_ground_truth(monkeypatch, load_tasks(TASKS), lambda row: row % 2 == 0)  # a learning signal
     recipe = load_recipe(None, {
         "policy.model": tiny_model_dir, "policy.dtype": "float32", "diagnoser.mode": "off",
         "rollout.backend": "transformers", "interface.tool_format": "signatures", "data.task_ids": TASKS,

@@ -11,7 +11,6 @@ from seal_lite.core.errors import ConfigError, RunError
 from seal_lite.core.recipe import RecipeError, load_recipe
 from seal_lite.core.recipe_sections import ValidationConfig
 from seal_lite.engines.store import Store
-from seal_lite.engines.transformers_generate import TransformersGenerator
 from seal_lite.envs.bfcl import load_tasks
 from seal_lite.runs import validation as validation_module
 from seal_lite.runs.evaluate_bfcl import BEST_ADAPTER, best_step, scores_by_step
@@ -22,7 +21,7 @@ from seal_lite.runs.validation import (
     settle_best_adapter,
     validation_task_ids,
 )
-from tests.helpers import tool_call_text
+from tests.helpers import answer_with_ground_truth
 
 HELD_OUT = ["multi_turn_base_100", "multi_turn_base_101"]
 
@@ -125,21 +124,10 @@ def test_the_best_adapter_follows_the_best_score(tmp_path, tiny_model_dir, monke
         finally:
             validating.pop("step")
 
-    generate = TransformersGenerator.generate
-
-    def scripted(self, batch, max_new_tokens, temperature):
-        """Right in every validation after step 2; in training, right half the time (a learning signal)."""
-        sampled = generate(self, batch, max_new_tokens, temperature)
-        answers = []
-        for context, ids in zip(batch, sampled):
-            task = next(t for t in tasks if t.user_message(0) in self.tokenizer.decode(context))
-            right = validating.get("step") == right_at if "step" in validating else torch.rand(()) < 0.5
-            answers.append(self.tokenizer(tool_call_text(task.ground_truth[0]), add_special_tokens=False)[
-                "input_ids"] + [self.tokenizer.eos_token_id] if right else ids)
-        return answers
-
     monkeypatch.setattr(validation_module.Validator, "__call__", recording)
-    monkeypatch.setattr(TransformersGenerator, "generate", scripted)
+    # right in every validation after step 2; in training, right half the time (a learning signal)
+    answer_with_ground_truth(monkeypatch, tasks, lambda row: validating.get("step") == right_at if "step" in validating
+                             else torch.rand(()) < 0.5)
     recipe = tiny_recipe(tiny_model_dir, every=1, task_ids=HELD_OUT, metric="turn_pass_rate")
     recipe.grpo.keep_checkpoints = 3
     summary = run(recipe, tmp_path)
