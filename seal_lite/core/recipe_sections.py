@@ -22,6 +22,7 @@ class Section(BaseModel):
 
 
 Problem = tuple[str, object, str]  # (dotted field, value, what is wrong and the fix)
+Category = Literal["base", "miss_func", "miss_param", "long_context"]  # BFCL multi-turn's (envs/bfcl.py CATEGORIES)
 
 
 def refuse(problems: list[Problem]) -> None:
@@ -66,7 +67,7 @@ class DataConfig(Section):
     num_tasks: int = Field(
         4, ge=1, le=400, description="Size of the task slice: the first N ids of the split after a seeded shuffle."
     )
-    categories: list[Literal["base", "miss_func", "miss_param", "long_context"]] = Field(
+    categories: list[Category] = Field(
         ["base"], min_length=1, description="BFCL multi-turn categories to draw from."
     )
     task_ids: list[str] | None = Field(
@@ -360,7 +361,7 @@ class ValidationConfig(Section):
         "eval", description="Which SEAL split the slice comes from. The release validates on the 400 held-out tasks "
         "its paper reports, so its best checkpoint is chosen on the test set (docs/deviations.md).",
     )
-    categories: list[Literal["base", "miss_func", "miss_param", "long_context"]] = Field(
+    categories: list[Category] = Field(
         ["base", "miss_func", "miss_param", "long_context"], min_length=1,
         description="BFCL multi-turn categories of the slice.",
     )

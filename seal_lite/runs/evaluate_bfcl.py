@@ -108,13 +108,18 @@ def summarize(results: list[TaskResult]) -> dict[str, dict[str, float]]:
     return table
 
 
+def task_result(row: dict) -> TaskResult:
+    """A stored row (the evaluations or validations table) as the result it records."""
+    return TaskResult(row["task_id"], row["category"], bool(row["valid"]), row["turns_passed"], row["turns"],
+                      row["labels"])
+
+
 def results_from_rows(rows: list[dict]) -> dict[str, list[TaskResult]]:
     """model label -> its BFCL results, from the store's evaluations rows (τ²-bench's are skipped)."""
     out: dict[str, list[TaskResult]] = {}
     for row in rows:
         if row.get("benchmark") != "tau2":
-            out.setdefault(row["model"], []).append(TaskResult(row["task_id"], row["category"], bool(row["valid"]),
-                                                               row["turns_passed"], row["turns"], row["labels"]))
+            out.setdefault(row["model"], []).append(task_result(row))
     return out
 
 
@@ -192,8 +197,7 @@ def scores_by_step(store: Store) -> dict[int, dict[str, float]]:
     """step -> the validation's mean over its categories: {tasks, accuracy, turn_pass_rate}."""
     results: dict[int, list[TaskResult]] = {}
     for row in store.validations():
-        results.setdefault(row["step"], []).append(TaskResult(row["task_id"], row["category"], bool(row["valid"]),
-                                                              row["turns_passed"], row["turns"], row["labels"]))
+        results.setdefault(row["step"], []).append(task_result(row))
     return {step: summarize(found)["mean"] for step, found in sorted(results.items())}
 
 
