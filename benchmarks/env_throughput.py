@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the mutation corpus is test scaffolding: tests/support
 
-from seal_lite.envs.bfcl import load_tasks, official_verdict, replay_calls
+from seal_lite.envs.bfcl import load_tasks, official_verdict
+from seal_lite.envs.registry import replay_calls
 from seal_lite.runs.verify import verify_lines
 from seal_lite.step.verifier import diagnose_episode
 from tests.support.mutations import corpus

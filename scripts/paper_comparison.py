@@ -329,14 +329,14 @@ def ground_truth_episodes(split: str) -> dict:
     from seal_lite.core.calls import parse_calls
     from seal_lite.core.interface import evaluation_interface
     from seal_lite.engines.model_sources import resolve_model
-    from seal_lite.envs.bfcl import Environment, load_tasks, split_ids
+    from seal_lite.envs.bfcl import episode, load_tasks, split_ids
     from seal_lite.step.rollout import turn_text
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("qwen2.5-coder-0.5b"), clean_up_tokenization_spaces=False)
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     view, rows = evaluation_interface("official"), []
     for task in load_tasks(split_ids(split)):
-        environment, row = Environment(task), {"calls": 0, "call_tokens": 0, "result_tokens": 0}
+        environment, row = episode(task), {"calls": 0, "call_tokens": 0, "result_tokens": 0}
         row["opening"] = count(turn_text(tokenizer, task, 0, view))
         row["user_turns"] = sum(count(turn_text(tokenizer, task, turn, view)) for turn in range(1, len(task.turns)))
         row["turns"] = len(task.turns)

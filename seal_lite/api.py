@@ -248,10 +248,11 @@ class Prompt:
 
 
 def prompt(task_id: str, *, model: str | None = None, run_dir: str | Path | None = None, version: int | None = None,
-           turn: int = 0, parser: str = "strict") -> Prompt:
-    """What the policy reads for a BFCL task at user turn ``turn`` (0: the whole opening), under BFCL's official
+           turn: int = 0, parser: str = "strict", environment: str | None = None) -> Prompt:
+    """What the policy reads for a task at user turn ``turn`` (0: the whole opening), under BFCL's official
     surface in the call format of ``parser`` (``rollout.parser``: strict, toolace or llama3.1), or with ``run_dir``
-    under that run's training interface ``version`` (default: the latest), in the run's own format."""
+    under that run's training interface ``version`` (default: the latest), in the run's own format. The task is
+    ``environment``'s (``data.environment``; default: the run's, else BFCL's)."""
     import json
 
     from transformers import AutoTokenizer
@@ -261,7 +262,9 @@ def prompt(task_id: str, *, model: str | None = None, run_dir: str | Path | None
     from seal_lite.engines.model_sources import resolve_model
     from seal_lite.step.rollout import turn_text
 
-    task = _task(task_id)
+    if environment is None and run_dir is not None:
+        environment = json.loads(_store(run_dir).run()["recipe"]).get("data", {}).get("environment")
+    task = _task(task_id, environment or "bfcl")
     if turn >= len(task.turns):
         raise ConfigError(f"--turn {turn}: {task_id} has turns 0 to {len(task.turns) - 1}")
     interface = evaluation_interface(call_format=call_format(parser))
@@ -277,13 +280,14 @@ def prompt(task_id: str, *, model: str | None = None, run_dir: str | Path | None
     return Prompt(text, len(tokenizer(text, add_special_tokens=False)["input_ids"]), shown, model, len(task.turns))
 
 
-def _task(task_id: str):
-    from seal_lite.envs.bfcl import load_tasks
+def _task(task_id: str, environment: str):
+    from seal_lite.envs.registry import find_environment
 
+    found = find_environment(environment)
     try:
-        (task,) = load_tasks([task_id])
+        (task,) = found.load_tasks([task_id])
     except KeyError as error:
-        raise ConfigError(f"{error.args[0]}; use an id such as multi_turn_base_0") from None
+        raise ConfigError(f"{error.args[0]}; use an id such as {found.split_ids('train')[0]}") from None
     return task
 
 

@@ -281,19 +281,23 @@ def evaluate_command(ctx, target, tasks, base, steps, best, overrides, json_file
               help="0: the whole opening; K: what user turn K adds.")
 @click.option("--parser", type=click.Choice(["strict", "toolace", "llama3.1"]), default="strict", show_default=True,
               help="The call format whose view to show (rollout.parser): Qwen's, ToolACE-2's or Llama 3.1's.")
-def prompt(task_id, model, run_dir, number, turn, parser):
-    """Print exactly what the policy reads for a BFCL task (evaluation view), and how many tokens it is.
+@click.option("--environment", metavar="SPEC", help="The task's environment, as data.environment names it "
+              "(default: the run's, else bfcl).")
+def prompt(task_id, model, run_dir, number, turn, parser, environment):
+    """Print exactly what the policy reads for a task (evaluation view), and how many tokens it is.
 
     \b
     Examples:
       seal-lite prompt multi_turn_miss_func_3 --turn 2 --model qwen2.5-coder-0.5b
       seal-lite prompt multi_turn_base_0 --run runs/quickstart --version 2
+      seal-lite prompt library_0 --environment library
     """
     if number is not None and not run_dir:
         raise click.BadParameter("--version needs --run", param_hint="--version")
     if parser != "strict" and run_dir:
         raise click.BadParameter("a run's view is in its own format; drop --parser, or --run", param_hint="--parser")
-    shown = api.prompt(task_id, model=model, run_dir=run_dir, version=number, turn=turn, parser=parser)
+    shown = api.prompt(task_id, model=model, run_dir=run_dir, version=number, turn=turn, parser=parser,
+                       environment=environment)
     click.echo(shown.text)
     click.echo(f"--- {task_id}, turn {turn} of {shown.turns}, {shown.shown}, {shown.model}: {shown.tokens} tokens",
                err=True)

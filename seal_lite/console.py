@@ -271,9 +271,9 @@ def print_evaluation(summaries: dict[str, dict[str, dict[str, float]]]) -> None:
     table.add_column("category")
     for label in summaries:
         table.add_column(label, justify="right")
-    from seal_lite.runs.evaluate_bfcl import TABLE_ROWS
+    from seal_lite.runs.evaluate_bfcl import table_rows
 
-    categories = [c for c in TABLE_ROWS if any(c in summary for summary in summaries.values())]
+    categories = table_rows(summaries)
     for category in categories:
         cells = []
         for summary in summaries.values():

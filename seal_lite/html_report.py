@@ -182,7 +182,7 @@ def _interface_timeline(store: Store) -> str:
 
 
 def _evaluation_table(store: Store) -> str:
-    from seal_lite.runs.evaluate_bfcl import TABLE_ROWS, results_from_rows, summarize
+    from seal_lite.runs.evaluate_bfcl import results_from_rows, summarize, table_rows
 
     rows = store.evaluations()
     results = results_from_rows(rows)  # τ²-bench has its own table
@@ -190,7 +190,7 @@ def _evaluation_table(store: Store) -> str:
         return ("<h2>Evaluation</h2><p>No BFCL evaluation yet: run <code>seal-lite eval RUN --base</code>.</p>"
                 + _tau2_table(rows))
     summaries = {model: summarize(found) for model, found in results.items()}
-    table = _models_table("category", TABLE_ROWS, summaries, lambda row: f"{100 * row['accuracy']:.1f} "
+    table = _models_table("category", table_rows(summaries), summaries, lambda row: f"{100 * row['accuracy']:.1f} "
                           f"({100 * row['turn_pass_rate']:.1f}), n={row['tasks']}")
     return ("<h2>Evaluation</h2><p>Official verdict accuracy % (turn pass rate %), greedy, plain interface.</p>"
             f"<table class='evaluation'>{table}</table>" + _tau2_table(rows))

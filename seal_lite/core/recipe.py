@@ -36,6 +36,7 @@ from seal_lite.core.recipe_sections import (
     RolloutConfig,
     Section,
     ValidationConfig,
+    category_problems,
     refuse,
 )
 
@@ -98,6 +99,8 @@ class Recipe(Section):
                              f"`seal-lite eval` does, in a context of at least {OFFICIAL_CONTEXT_TOKENS} tokens (its "
                              "tool block alone is 3-6k); raise rollout.max_context_tokens to "
                              f"{OFFICIAL_CONTEXT_TOKENS}, or set validation.every null"))
+        if self.data.environment == "bfcl":
+            problems += category_problems("validation.categories", self.validation.categories)
         if self.diagnoser.mode == "url" and not self.diagnoser.url:
             problems.append(("diagnoser.url", None, "diagnoser.mode url needs the server's base URL; set "
                              "diagnoser.url (e.g. http://127.0.0.1:8000) or use mode server to let seal-lite start one"))

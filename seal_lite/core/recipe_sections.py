@@ -22,7 +22,7 @@ class Section(BaseModel):
 
 
 Problem = tuple[str, object, str]  # (dotted field, value, what is wrong and the fix)
-Category = Literal["base", "miss_func", "miss_param", "long_context"]  # BFCL multi-turn's (envs/bfcl.py CATEGORIES)
+BFCL_CATEGORIES = ("base", "miss_func", "miss_param", "long_context")  # BFCL multi-turn's (envs/bfcl.py CATEGORIES)
 
 
 def refuse(problems: list[Problem]) -> None:
@@ -62,13 +62,26 @@ class PolicyConfig(Section):
     )
 
 
+def category_problems(field: str, categories: list[str]) -> list[Problem]:
+    """BFCL categories that are not BFCL's, one problem each, named like the schema names a list item."""
+    return [(f"{field}.{index}", category, f"not a BFCL multi-turn category; use one of {', '.join(BFCL_CATEGORIES)}")
+            for index, category in enumerate(categories) if category not in BFCL_CATEGORIES]
+
+
 class DataConfig(Section):
-    split: Literal["train", "eval"] = Field("train", description="Which SEAL split (data/*_ids.txt) to draw tasks from.")
+    environment: str = Field(
+        "bfcl", min_length=1, description="Where tasks come from and how they are checked: bfcl (BFCL multi-turn, "
+        "the paper's), library (the worked example of docs/environments.md), or your own as module:attribute or "
+        "path/to/file.py:attribute, the attribute a seal_lite ToolEnvironment.",
+    )
+    split: Literal["train", "eval"] = Field("train", description="Which split to draw tasks from (BFCL: SEAL's, "
+                                            "data/*_ids.txt; another environment: its tasks' split).")
     num_tasks: int = Field(
         4, ge=1, le=400, description="Size of the task slice: the first N ids of the split after a seeded shuffle."
     )
-    categories: list[Category] = Field(
-        ["base"], min_length=1, description="BFCL multi-turn categories to draw from."
+    categories: list[str] = Field(
+        ["base"], min_length=1, description="Task categories to draw from (BFCL: base, miss_func, miss_param, "
+        "long_context)."
     )
     task_ids: list[str] | None = Field(
         None, description="Explicit BFCL ids (e.g. multi_turn_base_10); overrides task_file and split/num_tasks/"
@@ -78,8 +91,8 @@ class DataConfig(Section):
         "data/frontier/qwen2.5-coder-0.5b.txt", description="A file of BFCL ids, one per line (# starts a comment), "
         "as `seal-lite screen --write-frontier FILE` writes it; overrides split/num_tasks/categories. A relative path "
         "is read from the current directory, else from where seal-lite's data/ folder is. The default, the frontier "
-        "Qwen2.5-Coder-0.5B's screen found, applies only to a recipe that sets none of task_ids, split, num_tasks "
-        "and categories.",
+        "Qwen2.5-Coder-0.5B's screen found, applies only to a BFCL recipe that sets none of task_ids, split, "
+        "num_tasks and categories.",
     )
     screen: int | None = Field(
         None, ge=2, description="Frontier screen (not in the paper): before training, play this many samples of every "
@@ -98,9 +111,11 @@ class DataConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> DataConfig:
         # the default task file is the quickstart's: a recipe that selects tasks in another way draws from those
-        if "task_file" not in self.model_fields_set and self.model_fields_set & {"task_ids", "split", "num_tasks",
-                                                                                "categories"}:
+        chose = self.model_fields_set & {"task_ids", "split", "num_tasks", "categories"} or self.environment != "bfcl"
+        if "task_file" not in self.model_fields_set and chose:
             self.task_file = None
+        if self.environment == "bfcl":
+            refuse(category_problems("data.categories", self.categories))
         if self.task_ids == []:
             refuse([("data.task_ids", [], "an empty list selects no task; name BFCL ids such as multi_turn_base_0, "
                       "or remove the field to draw from data.split")])
@@ -361,9 +376,9 @@ class ValidationConfig(Section):
         "eval", description="Which SEAL split the slice comes from. The release validates on the 400 held-out tasks "
         "its paper reports, so its best checkpoint is chosen on the test set (docs/deviations.md).",
     )
-    categories: list[Category] = Field(
-        ["base", "miss_func", "miss_param", "long_context"], min_length=1,
-        description="BFCL multi-turn categories of the slice.",
+    categories: list[str] = Field(
+        list(BFCL_CATEGORIES), min_length=1,
+        description="Task categories of the slice (another environment than BFCL: all of its categories unless set).",
     )
     tasks_per_category: int | None = Field(
         None, ge=1, description="Only the first N tasks of each category, in the split's order (None: all of them; "

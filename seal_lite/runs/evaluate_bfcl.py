@@ -30,11 +30,11 @@ from seal_lite.core.recipe import Recipe, RolloutConfig, load_recipe
 from seal_lite.core.recipe_sections import OFFICIAL_CONTEXT_TOKENS
 from seal_lite.core.types import Trajectory
 from seal_lite.engines.store import Store
-from seal_lite.envs.bfcl import CATEGORIES, Task, category_of, load_tasks, split_ids
+from seal_lite.envs.bfcl import CATEGORIES
+from seal_lite.envs.registry import find_environment
+from seal_lite.envs.task import Environment, Task
 from seal_lite.step.rollout import Generator, by_shared_prefix, rollout_groups, task_batches
 from seal_lite.step.verifier import diagnose_episode
-
-TABLE_ROWS = (*CATEGORIES, "mean")  # the paper's layout: one row per category, then their mean
 
 
 @dataclass
@@ -88,10 +88,10 @@ def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, vi
 
 
 def summarize(results: list[TaskResult]) -> dict[str, dict[str, float]]:
-    """{category: {tasks, accuracy, turn_pass_rate}} in the paper's column order, plus "mean": the unweighted
-    mean over the categories present (the paper's overall score)."""
+    """{category: {tasks, accuracy, turn_pass_rate}}, BFCL's in the paper's column order (another environment's
+    as they come), plus "mean": the unweighted mean over the categories present (the paper's overall score)."""
     table = {}
-    for category in CATEGORIES:
+    for category in dict.fromkeys([*CATEGORIES, *(r.category for r in results)]):
         rows = [r for r in results if r.category == category]
         if rows:
             table[category] = {
@@ -106,6 +106,13 @@ def summarize(results: list[TaskResult]) -> dict[str, dict[str, float]]:
             "turn_pass_rate": sum(row["turn_pass_rate"] for row in table.values()) / len(table),
         }
     return table
+
+
+def table_rows(summaries: dict[str, dict]) -> list[str]:
+    """The rows a table of several models' summaries shows: every category any of them has, in their order, then
+    the mean."""
+    rows = dict.fromkeys(key for summary in summaries.values() for key in summary if key != "mean")
+    return [*rows, "mean"] if rows else []
 
 
 def task_result(row: dict) -> TaskResult:
@@ -150,22 +157,22 @@ def evaluation_engine(recipe: Recipe, adapter: Path | None, work_dir: Path):
         yield generator
 
 
-def eval_task_ids(split: str, per_category: int | None = None) -> list[str]:
-    """The ids of ``split`` (eval, train, or comma-separated BFCL ids), with ``per_category`` only the first N of
-    each category in the split's order (a fixed subset)."""
+def eval_task_ids(environment: Environment, split: str, per_category: int | None = None) -> list[str]:
+    """The ids of ``split`` (eval, train, or comma-separated task ids) of an environment, with ``per_category``
+    only the first N of each category in the split's order (a fixed subset)."""
     if split in ("eval", "train"):
-        ids = split_ids(split)
+        ids = environment.split_ids(split)
     else:
         ids = [task_id.strip() for task_id in split.split(",") if task_id.strip()]
         for task_id in ids:
             try:
-                category_of(task_id)
+                environment.category_of(task_id)
             except KeyError as error:
-                raise ConfigError(f"--split: {error.args[0]}; pass eval, train or BFCL ids such as "
+                raise ConfigError(f"--split: {error.args[0]}; pass eval, train or task ids such as "
                                   "multi_turn_base_1") from None
     if per_category:
-        ids = [task_id for category in CATEGORIES
-               for task_id in [i for i in ids if category_of(i) == category][:per_category]]
+        ids = [task_id for category in environment.categories
+               for task_id in [i for i in ids if environment.category_of(i) == category][:per_category]]
     return ids
 
 
@@ -249,10 +256,6 @@ def evaluate_target(target: str, *, split: str = "eval", tasks: int | None = Non
                     view: str = "official", progress=None, note: Callable[[str], None] = lambda text: None) -> dict:
     """``seal_lite.evaluate`` on BFCL: every variant of TARGET (a run directory or a model) on ``split``; the
     results are stored in the run's seal.db. {"summary": {label: table}, "tasks": {label: [results]}}."""
-    try:
-        chosen = load_tasks(eval_task_ids(split, tasks))
-    except KeyError as error:  # an id of a known category that bfcl-eval does not have
-        raise ConfigError(f"--split: {error.args[0]}") from None
     run_dir = run_dir_of(target)
     if run_dir is not None:
         store, recipe, variants = run_variants(run_dir, overrides or {}, base, steps, best)
@@ -263,6 +266,11 @@ def evaluate_target(target: str, *, split: str = "eval", tasks: int | None = Non
                           "best checkpoint (recipe section validation)")
     else:
         store, recipe, variants = None, model_recipe(target, overrides or {}, "a run directory"), [("base", None)]
+    environment = find_environment(recipe.data.environment)
+    try:
+        chosen = environment.load_tasks(eval_task_ids(environment, split, tasks))
+    except KeyError as error:  # an id of a known category that the environment does not have
+        raise ConfigError(f"--split: {error.args[0]}") from None
     chosen = [task.truncated(recipe.rollout.max_turns) for task in chosen]
     if view != "official":
         note(f"note: the {view} view is {NOT_BFCL_VIEW}; these results are not BFCL multi-turn scores")

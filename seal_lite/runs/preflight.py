@@ -204,10 +204,18 @@ def policy_problems(policy) -> list[Problem]:
 
 
 def data_problems(data) -> list[Problem]:
+    from seal_lite.envs.registry import EnvironmentNotFound, find_environment
     from seal_lite.runs.tasks import read_task_file, task_file_path
 
+    try:
+        environment = find_environment(data.environment)
+    except EnvironmentNotFound as error:
+        return [("data.environment", data.environment, error.reason)]
+    if environment.name != "bfcl" and (unknown := [c for c in data.categories if c not in environment.categories]):
+        return [("data.categories", unknown, f"environment {environment.name!r} has categories "
+                 f"{', '.join(environment.categories)}; name some of those")]
     if not data.task_file or data.task_ids:
-        return _id_problems("data.task_ids", data.task_ids or ())
+        return _id_problems("data.task_ids", data.task_ids or (), environment)
     path = task_file_path(data.task_file)
     if not path.is_file():
         return [("data.task_file", data.task_file, f"no such file (looked for {path}); write one with `seal-lite "
@@ -216,12 +224,16 @@ def data_problems(data) -> list[Problem]:
     if not ids:
         return [("data.task_file", data.task_file, "the file names no task (one BFCL id per line, # comments); "
                  "screen a larger slice, or name another file")]
-    return _id_problems(f"data.task_file ({data.task_file})", ids)
+    return _id_problems(f"data.task_file ({data.task_file})", ids, environment)
 
 
-def _id_problems(field: str, task_ids) -> list[Problem]:
+def _id_problems(field: str, task_ids, environment) -> list[Problem]:
     from seal_lite.envs.bfcl import CATEGORIES, category_of, task_ids_of
 
+    if environment.name != "bfcl":
+        return [(field, task_id, f"not a task of environment {environment.name!r}; its ids include "
+                 f"{', '.join(environment.split_ids('train')[:3])}") for task_id in task_ids
+                if task_id not in set(environment.split_ids("train")) | set(environment.split_ids("eval"))]
     problems = []
     for task_id in task_ids:
         try:
@@ -255,17 +267,18 @@ def diagnoser_problems(diagnoser) -> list[Problem]:
 
 def recipe_problems(recipe) -> list[Problem]:
     """What spans sections: the tasks the data and validation sections select, and who plays the rollouts."""
-    from seal_lite.envs.bfcl import split_ids
+    from seal_lite.envs.registry import find_environment
     from seal_lite.runs.tasks import read_task_file, task_file_path
 
-    problems = _id_problems("validation.task_ids", recipe.validation.task_ids or ())
+    environment = find_environment(recipe.data.environment)
+    problems = _id_problems("validation.task_ids", recipe.validation.task_ids or (), environment)
     if recipe.data.task_file and not recipe.data.task_ids:
         named = len(read_task_file(task_file_path(recipe.data.task_file)))
         if recipe.grpo.tasks_per_step > named:
             problems.append(("grpo.tasks_per_step", recipe.grpo.tasks_per_step, f"a step cannot sample more tasks "
                              f"than data.task_file names ({named}); lower it or name a longer file"))
     elif recipe.data.task_ids is None:
-        available = len(split_ids(recipe.data.split, recipe.data.categories))
+        available = len(environment.split_ids(recipe.data.split, recipe.data.categories))
         categories = ", ".join(recipe.data.categories)
         if available < recipe.data.num_tasks:
             problems.append(("data.num_tasks", recipe.data.num_tasks, f"the {recipe.data.split} split has only "

@@ -1,4 +1,5 @@
-"""The tasks a run trains on: the recipe's slice of BFCL, and the frontier screen that narrows it.
+"""The tasks a run trains on: the recipe's slice of its environment (BFCL's by default), and the frontier screen that
+narrows it.
 
 ``select_task_ids`` draws the slice (explicit ids, a task file, or a seeded shuffle of the split); ``screen_slice``
 plays every task of it with the base policy (``data.screen`` samples each) and ``frontier_task_ids`` keeps the
@@ -16,7 +17,9 @@ from seal_lite.core.recipe import Recipe
 from seal_lite.core.types import NoProgress, Progress
 from seal_lite.engines.rollout_engine import rollout_engine
 from seal_lite.engines.store import Store
-from seal_lite.envs.bfcl import Task, data_folder, load_tasks, split_ids
+from seal_lite.envs.bfcl import data_folder
+from seal_lite.envs.registry import find_environment
+from seal_lite.envs.task import Task
 
 
 def select_task_ids(recipe: Recipe) -> list[str]:
@@ -26,7 +29,7 @@ def select_task_ids(recipe: Recipe) -> list[str]:
         return list(recipe.data.task_ids)
     if recipe.data.task_file:
         return read_task_file(task_file_path(recipe.data.task_file))
-    ids = split_ids(recipe.data.split, recipe.data.categories)
+    ids = find_environment(recipe.data.environment).split_ids(recipe.data.split, recipe.data.categories)
     random.Random(recipe.seed).shuffle(ids)
     return ids[: recipe.data.num_tasks]
 
@@ -66,7 +69,8 @@ def write_frontier_file(path: Path, pass_rates: dict[str, float], samples: int, 
 
 def slice_tasks(recipe: Recipe, task_ids: list[str]) -> dict[str, Task]:
     """The run's tasks by id, cut to ``rollout.max_turns``."""
-    return {task.id: task.truncated(recipe.rollout.max_turns) for task in load_tasks(task_ids)}
+    tasks = find_environment(recipe.data.environment).load_tasks(task_ids)
+    return {task.id: task.truncated(recipe.rollout.max_turns) for task in tasks}
 
 
 

@@ -31,7 +31,8 @@ from seal_lite.core.recipe import Recipe
 from seal_lite.core.recipe_sections import ValidationConfig
 from seal_lite.core.types import Progress
 from seal_lite.engines.store import Store
-from seal_lite.envs.bfcl import category_of, load_tasks
+from seal_lite.envs.registry import find_environment
+from seal_lite.envs.task import Environment
 from seal_lite.runs.evaluate_bfcl import (
     BEST_ADAPTER,
     best_step,
@@ -44,13 +45,15 @@ from seal_lite.runs.evaluate_bfcl import (
 STAGED_PREFIX = ".best-adapter-step-"  # a new best, written before its step is committed
 
 
-def validation_task_ids(config: ValidationConfig) -> list[str]:
-    """The held-out slice: the explicit ids, else the split's ids in its categories, the first
-    ``tasks_per_category`` of each."""
+def validation_task_ids(config: ValidationConfig, environment: Environment) -> list[str]:
+    """The held-out slice: the explicit ids, else the split's ids in its categories (another environment than
+    BFCL's: in all of them, unless the recipe names some), the first ``tasks_per_category`` of each."""
     if config.task_ids:
         return list(config.task_ids)
-    return [task_id for task_id in eval_task_ids(config.split, config.tasks_per_category)
-            if category_of(task_id) in config.categories]
+    categories = config.categories if environment.name == "bfcl" or "categories" in config.model_fields_set else (
+        environment.categories)
+    return [task_id for task_id in eval_task_ids(environment, config.split, config.tasks_per_category)
+            if environment.category_of(task_id) in categories]
 
 
 def settle_best_adapter(out_dir: Path, store: Store, metric: str) -> None:
@@ -94,7 +97,9 @@ class Validator:
         self.config, self.last_step, self.store, self.out_dir = recipe.validation, recipe.grpo.steps, store, out_dir
         self.generator, self.sync, self.save_adapter, self.progress, self.report = (
             generator, sync, save_adapter, progress, report)
-        self.tasks = [task.truncated(recipe.rollout.max_turns) for task in load_tasks(validation_task_ids(self.config))]
+        environment = find_environment(recipe.data.environment)
+        self.tasks = [task.truncated(recipe.rollout.max_turns)
+                      for task in environment.load_tasks(validation_task_ids(self.config, environment))]
         # the official surface's rules, as `seal-lite eval` plays them (the recipe's context is at least theirs)
         self.rollout = evaluation_rollout(recipe.rollout).model_copy(update={
             "generation_batch_size": recipe.generation_batch()})

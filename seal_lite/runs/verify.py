@@ -19,7 +19,8 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 from seal_lite.core.errors import ConfigError
-from seal_lite.envs.bfcl import load_tasks, replay_calls
+from seal_lite.envs.bfcl import load_tasks
+from seal_lite.envs.registry import replay_calls
 from seal_lite.step.verifier import diagnose_episode
 
 

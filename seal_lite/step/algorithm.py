@@ -63,7 +63,7 @@ from seal_lite.core.types import (
 )
 from seal_lite.engines import distributed
 from seal_lite.engines.store import Store
-from seal_lite.envs.bfcl import Task
+from seal_lite.envs.task import Task
 from seal_lite.step.diagnoser import Diagnoser, failed_turns
 from seal_lite.step.rollout import Generator, rollout_groups
 from seal_lite.step.screen import frontier, screen_tasks
@@ -257,13 +257,13 @@ class SealStep:
         if not task_ids:
             return []
         G = self.recipe.rollout.num_generations
-        # 2-3. Render the training interface and roll out G trajectories per task against fresh BFCL environments,
-        # the whole step in one batched generation.
+        # 2-3. Render the training interface and roll out G trajectories per task, each on fresh tools (BFCL's or
+        # the recipe's environment's), the whole step in one batched generation.
         pairs = [(self.tasks[task_id], interface_for_task(self.interface, self.tasks[task_id])) for task_id in task_ids]
         groups = []
         for trajectories in rollout_groups(pairs, G, self.generator, self.recipe.rollout):
             task = self.tasks[trajectories[0].task_id]
-            # 4. Verify: the official BFCL multi-turn verdict is the reward.
+            # 4. Verify: the environment's verdict (BFCL's official multi-turn checker) is the reward.
             # 5. Diagnose every ground-truth turn from executable evidence.
             with timing.phase("verify"):
                 groups.append([(t, diagnose_episode(task, t.turns)) for t in trajectories])

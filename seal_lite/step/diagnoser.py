@@ -30,7 +30,7 @@ from seal_lite.core.labels import EXCLUDED_LABELS, SUCCESS_LABELS
 from seal_lite.core.recipe import DiagnoserConfig
 from seal_lite.core.types import EpisodeDiagnosis, Explanation, StepReport, TurnRecord
 from seal_lite.engines.serving import BackendError, InProcessModel, LocalServer, ServerModel
-from seal_lite.envs.bfcl import Task
+from seal_lite.envs.task import Task
 
 log = logging.getLogger("seal_lite.diagnoser")
 

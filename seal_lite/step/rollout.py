@@ -39,7 +39,8 @@ from seal_lite.core.interface import (
 )
 from seal_lite.core.recipe import RolloutConfig
 from seal_lite.core.types import CallOutcome, StopReason, Trajectory, TurnRecord
-from seal_lite.envs.bfcl import Environment, Task, additional_functions_prompt
+from seal_lite.envs.registry import environment_of
+from seal_lite.envs.task import Episode, Task, additional_functions_prompt
 
 
 class Generator(Protocol):
@@ -115,7 +116,7 @@ class _Episode:
     interface: TrainingInterface
     group: int  # its task's place in the call
     index: int
-    env: Environment
+    env: Episode
     conversation: TokenConversation
     turns: list[TurnRecord]
     turn: int = 0
@@ -143,7 +144,7 @@ def rollout_group(
     rollout: RolloutConfig,
     interface: TrainingInterface,
 ) -> list[Trajectory]:
-    """Play ``group_size`` episodes of ``task`` against fresh BFCL environments, batching model calls."""
+    """Play ``group_size`` episodes of ``task``, each on fresh tools, batching model calls."""
     return rollout_groups([(task, interface)], group_size, generator, rollout)[0]
 
 
@@ -159,7 +160,7 @@ def rollout_groups(
     episodes = []
     for number, (task, interface) in enumerate(tasks):
         messages = opening_messages(task, interface)
-        episodes += [_Episode(task, interface, number, index, Environment(task),
+        episodes += [_Episode(task, interface, number, index, environment_of(task).episode(task),
                               TokenConversation(generator.tokenizer, messages), [TurnRecord(user_text(task, 0, interface))])
                      for index in range(group_size)]
     groups = [episodes[start : start + group_size] for start in range(0, len(episodes), group_size)]

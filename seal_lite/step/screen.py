@@ -22,7 +22,7 @@ from seal_lite.core.interface import TrainingInterface
 from seal_lite.core.recipe import Recipe
 from seal_lite.core.types import Trajectory
 from seal_lite.engines.store import Store
-from seal_lite.envs.bfcl import Task
+from seal_lite.envs.task import Task
 from seal_lite.step.rollout import Generator, by_shared_prefix, rollout_groups, task_batches
 from seal_lite.step.verifier import diagnose_episode
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from seal_lite.core.calls import ToolCall, parse_calls
 from seal_lite.core.labels import SUCCESS_LABELS
-from seal_lite.envs.bfcl import Task, replay_calls
+from seal_lite.envs.registry import replay_calls
+from seal_lite.envs.task import Task
 from seal_lite.step.verifier import diagnose_episode
 
 WRONG_TEXT = "seal-lite-wrong-value"

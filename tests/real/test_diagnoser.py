@@ -21,7 +21,8 @@ from seal_lite.cli import main
 from seal_lite.core.recipe import DiagnoserConfig, Recipe
 from seal_lite.engines.model_sources import resolve_gguf
 from seal_lite.engines.store import Store
-from seal_lite.envs.bfcl import load_tasks, replay_calls
+from seal_lite.envs.bfcl import load_tasks
+from seal_lite.envs.registry import replay_calls
 from seal_lite.step.algorithm import SealStep
 from seal_lite.step.diagnoser import Diagnoser, failed_turns
 from seal_lite.step.verifier import diagnose_episode

@@ -21,15 +21,15 @@ from hypothesis import strategies as st
 from seal_lite.core.calls import parse_calls
 from seal_lite.core.labels import BASE_UTILITY
 from seal_lite.core.types import NO_SUCH_FUNCTION_CALL, REJECTED, TurnRecord
-from seal_lite.envs.bfcl import Environment, load_tasks
+from seal_lite.envs.bfcl import episode, load_tasks
 from seal_lite.step.verifier import diagnose_episode
 
 EXAMPLES = int(os.environ.get("SEAL_LITE_FUZZ_EXAMPLES", "10000"))
 TASK = load_tasks(["multi_turn_miss_func_0"])[0].truncated(1)
 VISIBLE = {doc["name"] for doc in TASK.visible_functions(0)}
-ALL_METHODS = set(Environment(TASK)._methods)  # every tool of the task, visible or held out
+ALL_METHODS = set(episode(TASK).tool_names)  # every tool of the task, visible or held out
 HIDDEN = {doc["name"] for docs in TASK.revealed.values() for doc in docs}
-API_SOURCE = str(Path(sys.modules[type(Environment(TASK).instances["GorillaFileSystem"]).__module__].__file__).parent)
+API_SOURCE = str(Path(sys.modules[type(episode(TASK).instances["GorillaFileSystem"]).__module__].__file__).parent)
 FORBIDDEN = {builtins.eval, builtins.exec, builtins.open, builtins.breakpoint, os.system, os.popen, subprocess.Popen}
 MARKER = Path(os.environ.get("TMPDIR", "/tmp")) / f"seal-lite-fuzz-{os.getpid()}"
 PAYLOADS = [
@@ -141,7 +141,7 @@ seen = []
 @given(messages, st.sampled_from(["strict", "lenient", "toolace", "llama3.1"]))
 def check_one_message(text, parser):
     seen.append(text)
-    env = Environment(TASK)
+    env = episode(TASK)
     watcher = CallWatcher()
     sys.setprofile(watcher)
     try:
@@ -170,7 +170,7 @@ def test_hostile_messages_run_nothing_outside_the_visible_tools():
 
 
 def test_the_watcher_sees_tool_entries_and_forbidden_builtins():
-    env, watcher = Environment(load_tasks(["multi_turn_miss_func_0"])[0]), CallWatcher()
+    env, watcher = episode(load_tasks(["multi_turn_miss_func_0"])[0]), CallWatcher()
     sys.setprofile(watcher)
     try:
         env.run("[sort(file_name='final_report.pdf')]", 0)  # hidden at turn 0: refused

@@ -24,7 +24,8 @@ import pytest
 
 from seal_lite.core.calls import parse_calls
 from seal_lite.core.labels import OFFICIAL_ERROR_LABELS, passes_checker
-from seal_lite.envs.bfcl import load_tasks, official_verdict, replay_calls
+from seal_lite.envs.bfcl import load_tasks, official_verdict
+from seal_lite.envs.registry import replay_calls
 from seal_lite.step.verifier import diagnose_episode
 from tests.helpers import IMPORT_TESTS
 from tests.support.mutations import KINDS, corpus

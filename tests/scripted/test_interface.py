@@ -26,7 +26,7 @@ from seal_lite.core.interface import (
 )
 from seal_lite.core.recipe import Recipe
 from seal_lite.engines.store import Store
-from seal_lite.envs.bfcl import Environment, load_tasks
+from seal_lite.envs.bfcl import episode, load_tasks
 from seal_lite.step.algorithm import SealStep
 from seal_lite.step.rollout import rollout_group
 from tests.helpers import ScriptedGenerator
@@ -49,7 +49,7 @@ TRAIN_IDS = DATA.joinpath("train_ids.txt").read_text().split()
 ])
 def test_recovery_feedback_picks_a_hint_from_the_real_error(call, hint):
     task = load_tasks(["multi_turn_base_0"])[0]
-    (outcome,) = Environment(task).run(call, 0)
+    (outcome,) = episode(task).run(call, 0)
     assert outcome.status != "ok"
     visible = [doc["name"] for doc in task.visible_functions(0)]
     assert recovery_feedback(outcome.status, outcome.result, visible).startswith(hint)

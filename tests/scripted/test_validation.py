@@ -11,7 +11,7 @@ from seal_lite.core.errors import ConfigError, RunError
 from seal_lite.core.recipe import RecipeError, load_recipe
 from seal_lite.core.recipe_sections import ValidationConfig
 from seal_lite.engines.store import Store
-from seal_lite.envs.bfcl import load_tasks
+from seal_lite.envs.bfcl import BFCL, load_tasks
 from seal_lite.runs import validation as validation_module
 from seal_lite.runs.evaluate_bfcl import BEST_ADAPTER, best_step, scores_by_step
 from seal_lite.runs.preflight import check
@@ -50,13 +50,13 @@ def test_validation_steps_follow_every_the_last_step_and_before_training():
 
 
 def test_the_slice_takes_the_first_tasks_of_each_category_in_the_splits_order():
-    ids = validation_task_ids(ValidationConfig(tasks_per_category=2, categories=["base", "miss_param"]))
+    ids = validation_task_ids(ValidationConfig(tasks_per_category=2, categories=["base", "miss_param"]), BFCL)
     assert len(ids) == 4 and [i.rsplit("_", 1)[0] for i in ids] == ["multi_turn_base"] * 2 + ["multi_turn_miss_param"] * 2
-    assert len(validation_task_ids(ValidationConfig())) == 400  # the release's: every held-out task
+    assert len(validation_task_ids(ValidationConfig(), BFCL)) == 400  # the release's: every held-out task
     for config in (ValidationConfig(tasks_per_category=2, categories=["base", "miss_param"]),
                    ValidationConfig(tasks_per_category=500), ValidationConfig(task_ids=HELD_OUT)):
-        assert config.slice_size() == len(validation_task_ids(config))  # what the plan counts
-    assert validation_task_ids(ValidationConfig(task_ids=HELD_OUT, tasks_per_category=1)) == HELD_OUT
+        assert config.slice_size() == len(validation_task_ids(config, BFCL))  # what the plan counts
+    assert validation_task_ids(ValidationConfig(task_ids=HELD_OUT, tasks_per_category=1), BFCL) == HELD_OUT
 
 
 def test_bad_validation_settings_are_refused_with_the_fix():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from seal_lite.core.types import TurnRecord
 from seal_lite.envs import bfcl
-from seal_lite.envs.bfcl import Environment, load_tasks, official_verdict
+from seal_lite.envs.bfcl import episode, load_tasks, official_verdict
 from seal_lite.step.verifier import diagnose_episode
 
 DATA = Path(__file__).parents[2] / "data"
@@ -18,7 +18,7 @@ GT_USES_HIDDEN_TOOL = {"multi_turn_miss_func_49"}
 
 def replay(task, turn_texts):
     """Feed one model message per turn through the environment; return the turn records."""
-    env = Environment(task)
+    env = episode(task)
     turns = []
     for index, text in enumerate(turn_texts):
         record = TurnRecord(task.user_message(index))
@@ -54,7 +54,7 @@ def test_ground_truth_replay_passes_the_official_verdict_on_all_800():
 
 def test_episodes_share_no_state():
     task = load_tasks(["multi_turn_base_0"])[0]
-    first, second = Environment(task), Environment(task)
+    first, second = episode(task), episode(task)
     assert first.run("[mkdir(dir_name='only_here')]", 0)[0].status == "ok"
     assert "only_here" not in second.run("[ls()]", 0)[0].result
     # the official checker's module-level instance cache is keyed per check and emptied afterwards
@@ -67,8 +67,8 @@ def test_long_context_entries_load_their_long_scenario():
     task = load_tasks(["multi_turn_long_context_0"])[0]
     plain = dataclasses.replace(task, category="base")  # the same initial config without long context
     listing = "[cd(folder='document'), ls(a=True)]"
-    long_files = json.loads(Environment(task).run(listing, 0)[1].result)["current_directory_content"]
-    plain_files = json.loads(Environment(plain).run(listing, 0)[1].result)["current_directory_content"]
+    long_files = json.loads(episode(task).run(listing, 0)[1].result)["current_directory_content"]
+    plain_files = json.loads(episode(plain).run(listing, 0)[1].result)["current_directory_content"]
     assert set(plain_files) < set(long_files) and len(long_files) > 5 * len(plain_files)
     assert all(load_tasks([f"multi_turn_{c}_0"])[0].turns for c in ("base", "miss_func", "miss_param", "long_context"))
 
@@ -77,7 +77,7 @@ def test_miss_func_tools_are_hidden_until_revealed():
     task = load_tasks(["multi_turn_miss_func_0"])[0]
     hidden = [doc["name"] for doc in task.revealed[3]]
     assert hidden == ["sort"]
-    env = Environment(task)
+    env = episode(task)
     before = env.run("[sort(file_name='final_report.pdf')]", 2)[0]
     assert before.status == "unknown_tool" and not before.executed
     assert env.run("[sort(file_name='final_report.pdf')]", 3)[0].status in ("ok", "tool_error")

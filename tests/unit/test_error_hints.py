@@ -16,7 +16,8 @@ import pytest
 from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
 
 from seal_lite.core.interface import ERROR_HINTS, GENERIC_HINT, recovery_feedback
-from seal_lite.envs.bfcl import ERROR_PREFIX, Environment, load_tasks
+from seal_lite.envs.bfcl import episode, load_tasks
+from seal_lite.envs.tools import ERROR_PREFIX
 from tests.support.mutations import corpus
 
 DATA = Path(__file__).parents[2] / "data"
@@ -235,7 +236,7 @@ def test_replayed_corpus_errors_get_their_intended_hints():
                 for t, kind in (INTENDED | DERIVED).items()]
     kinds, unknown, wrong = Counter(), [], []
     for mutant in corpus(list(tasks.values())):
-        env = Environment(tasks[mutant.task_id])
+        env = episode(tasks[mutant.task_id])
         for turn, calls in enumerate(mutant.turns):
             for outcome in env.run("[" + ", ".join(calls) + "]", turn) if calls else []:
                 if outcome.status not in ("tool_error", "argument_error"):

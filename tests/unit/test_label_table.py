@@ -12,7 +12,8 @@ import pytest
 from seal_lite.core.labels import BASE_UTILITY, CAUSES, EXCLUDED_LABELS, label_turn
 from seal_lite.core.types import TurnEvidence
 from seal_lite.envs import bfcl
-from seal_lite.envs.bfcl import load_tasks, replay_calls
+from seal_lite.envs.bfcl import load_tasks
+from seal_lite.envs.registry import replay_calls
 from seal_lite.step.verifier import diagnose_episode
 
 GREP = "grep(file_name='final_report.pdf', pattern='budget analysis')"
@@ -85,7 +86,7 @@ def test_instance_mismatch_when_the_instantiated_classes_differ():
     # BFCL's executor instantiates every involved class for model and ground truth alike, so an episode
     # cannot reach this rule; the comparison still labels it from real instances.
     task = load_tasks(["multi_turn_base_0"])[0]
-    instances = bfcl.Environment(task).instances
+    instances = bfcl.episode(task).instances
     evidence = TurnEvidence(gt_calls=1, model_calls=1, decoded_calls=1)
     model_only = {name: instance for name, instance in instances.items() if name != "TwitterAPI"}
     bfcl._compare(evidence, model_only, instances, [], [])

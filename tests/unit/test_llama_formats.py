@@ -22,7 +22,7 @@ from seal_lite.core.interface import (
 from seal_lite.core.llama_formats import LLAMA31, LLAMA31_SYSTEM_PROMPT, TOOLACE, TOOLACE_INSTRUCTIONS
 from seal_lite.core.recipe import RecipeError, load_recipe
 from seal_lite.core.types import CallStatus
-from seal_lite.envs.bfcl import Environment, load_tasks
+from seal_lite.envs.bfcl import episode, load_tasks
 from seal_lite.runs.evaluate_bfcl import evaluation_rollout
 
 DOCS = [{"name": "cd", "description": "Change directory.",
@@ -123,7 +123,7 @@ def test_a_strict_format_rejects_the_whole_message_for_a_hidden_tool():
     task = load_tasks(["multi_turn_miss_func_0"])[0]  # sort is held out at turn 0
     for parser, text in ((TOOLACE, "[ls(), sort(file_name='a')]"),
                          (LLAMA31, '[{"name": "ls", "parameters": {}}, {"name": "sort", "parameters": {"file_name": "a"}}]')):
-        outcomes = Environment(task).run(text, 0, parser)
+        outcomes = episode(task).run(text, 0, parser)
         assert [o.status for o in outcomes] == [CallStatus.REJECTED, CallStatus.UNKNOWN_TOOL], parser
 
 
