@@ -71,7 +71,7 @@ def category_problems(field: str, categories: list[str]) -> list[Problem]:
 class DataConfig(Section):
     environment: str = Field(
         "bfcl", min_length=1, description="Where tasks come from and how they are checked: bfcl (BFCL multi-turn, "
-        "the paper's), library (the worked example of docs/environments.md), or your own as module:attribute or "
+        "the paper's), library (the worked example of docs/your-tools.md), or your own as module:attribute or "
         "path/to/file.py:attribute, the attribute a seal_lite ToolEnvironment.",
     )
     split: Literal["train", "eval"] = Field("train", description="Which split to draw tasks from (BFCL: SEAL's, "

@@ -1,4 +1,4 @@
-"""The worked example of a user's environment: a small lending library (docs/environments.md walks through it).
+"""The worked example of a user's environment: a small lending library (docs/your-tools.md walks through it).
 
 ``data.environment: library`` trains on it (recipes/library.yaml). Everything seal-lite needs is below: one class
 whose public methods are the tools (typed, documented), and tasks that say, turn by turn, which calls do what the
@@ -197,6 +197,9 @@ TASKS = [
          ("Now lend her 'Dune'.", ["borrow_book(member_id='M-104', title='Dune')"])),
     task("library_21", ("Search for books by Toni Morrison.", ["search_catalog(query='Toni Morrison')"]),
          ("Reserve it for M-101.", [])),  # on the shelf: reserving fails, and borrowing was not asked for
+    task("library_30", ("Member M-104 pays her whole 4.0 fine, then borrows 'Dune'.",
+                        ["pay_fine(member_id='M-104', amount=4.0)", "borrow_book(member_id='M-104', title='Dune')"]),
+         ("Show her account.", ["account(member_id='M-104')"])),
     task("library_22", ("Lend 'Beloved' to member M-101.", ["borrow_book(member_id='M-101', title='Beloved')"]),
          ("Renew it by one week.", ["renew_loan(member_id='M-101', title='Beloved', weeks=1)"]), split="eval"),
     task("library_23", ("What do you have by Frank Herbert?", ["search_catalog(query='Frank Herbert')"]),

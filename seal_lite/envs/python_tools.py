@@ -1,4 +1,4 @@
-"""Bring your own tools: an ``Environment`` made of one Python class and a list of tasks (docs/environments.md).
+"""Bring your own tools: an ``Environment`` made of one Python class and a list of tasks (docs/your-tools.md).
 
 The class's public methods are the tools. Their docs, which the policy reads, are made from each method's type
 hints and Google-style docstring (a summary, then ``Args:`` with one line per parameter), in BFCL's doc format, so
@@ -10,7 +10,7 @@ must be declined). They are parsed, never evaluated, as the policy's calls are. 
 are BFCL multi-turn checker's rules, applied to these instances: after each turn with expected calls, the model's
 instance must equal the expected calls' instance in every public attribute, every result of the expected calls must
 be among the model's results so far, and a turn with expected calls needs at least one accepted call. So the
-labels mean what they mean on BFCL (docs/environments.md says which cannot occur here).
+labels mean what they mean on BFCL (docs/your-tools.md says which cannot occur here).
 """
 
 from __future__ import annotations
@@ -259,18 +259,17 @@ def expected_call_errors(environment: ToolEnvironment, task: Task) -> list[str]:
 
 def tool_docs(tools: type) -> list[dict]:
     """BFCL-format docs for the public methods of ``tools``, in definition order, from their hints and docstrings."""
-    class_summary = _summary(inspect.getdoc(tools) or "")
     docs = []
     for name, function in tools.__dict__.items():
         if name.startswith("_") or not inspect.isfunction(function):
             continue
-        docs.append(_tool_doc(tools.__name__, name, function, class_summary))
+        docs.append(_tool_doc(tools.__name__, name, function))
     if not docs:
         raise ToolEnvironmentError(f"{tools.__name__} has no public method: each public method is a tool")
     return docs
 
 
-def _tool_doc(class_name: str, name: str, function, class_summary: str) -> dict:
+def _tool_doc(class_name: str, name: str, function) -> dict:
     where = f"{class_name}.{name}"
     docstring = inspect.getdoc(function)
     if not docstring:
@@ -295,9 +294,7 @@ def _tool_doc(class_name: str, name: str, function, class_summary: str) -> dict:
         else:
             spec["default"] = parameter.default
         properties[parameter.name] = spec
-    summary = _summary(docstring)
-    description = f"{class_summary} Tool description: {summary}" if class_summary else summary
-    return {"name": name, "description": description,
+    return {"name": name, "description": _summary(docstring),
             "parameters": {"type": "dict", "properties": properties, "required": required}}
 
 

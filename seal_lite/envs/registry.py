@@ -1,6 +1,6 @@
 """Finding an environment by what a recipe's ``data.environment`` says, and a task's environment by its name.
 
-A recipe names a shipped environment (``bfcl``; ``library``, the worked example of docs/environments.md) or a
+A recipe names a shipped environment (``bfcl``; ``library``, the worked example of docs/your-tools.md) or a
 user's: ``package.module:attribute`` (importable, or a module in the current directory) or ``path/to/file.py:
 attribute``, the attribute an ``Environment`` such as a ``ToolEnvironment``. Once found, an environment is known
 by its ``name``, which its tasks carry: ``environment_of(task)`` is how the step plays and judges any task.
@@ -32,31 +32,32 @@ class EnvironmentNotFound(ConfigError):
 
 
 _known: dict[str, Environment] = {BFCL.name: BFCL}
-_found: dict[str, Environment] = {"bfcl": BFCL}
+_found: dict[str, Environment] = {SHIPPED["bfcl"]: BFCL}
 
 
 def find_environment(spec: str) -> Environment:
     """The environment ``spec`` names; a ConfigError with the fix when it names none."""
-    if spec in _found:
-        return _found[spec]
     target = SHIPPED.get(spec, spec)
     if ":" not in target:
         raise EnvironmentNotFound(spec, f"neither a shipped environment ({', '.join(SHIPPED)}) nor module:attribute; "
                                   "name e.g. my_tools:environment, or path/to/my_tools.py:environment")
     module_name, attribute = target.rsplit(":", 1)
+    key = f"{Path(module_name).expanduser().resolve()}:{attribute}" if module_name.endswith(".py") else target
+    if key in _found:  # a file is known by its full path: the same relative name elsewhere is another file
+        return _found[key]
     module = _import(spec, module_name)
     if not hasattr(module, attribute):
-        raise EnvironmentNotFound(spec, f"{module_name} has no attribute {attribute!r}; name the "
-                          "ToolEnvironment it defines")
+        raise EnvironmentNotFound(spec, f"{module_name} has no attribute {attribute!r}; name the ToolEnvironment "
+                                  "it defines")
     environment = getattr(module, attribute)
     if missing := [name for name in REQUIRED if not hasattr(environment, name)]:
-        raise EnvironmentNotFound(spec, f"{attribute} is a {type(environment).__name__}, not an "
-                          f"environment (it lacks {', '.join(missing)}); make it a seal_lite ToolEnvironment")
+        raise EnvironmentNotFound(spec, f"{attribute} is a {type(environment).__name__}, not an environment (it "
+                                  f"lacks {', '.join(missing)}); make it a seal_lite ToolEnvironment")
     known = _known.get(environment.name)
     if known is not None and known is not environment:
-        raise EnvironmentNotFound(spec, f"another environment is already called "
-                          f"{environment.name!r}; give this one another name")
-    _known[environment.name] = _found[spec] = environment
+        raise EnvironmentNotFound(spec, f"another environment is already called {environment.name!r}; give this "
+                                  "one another name")
+    _known[environment.name] = _found[key] = environment
     return environment
 
 
@@ -77,11 +78,12 @@ def _import(spec: str, module_name: str):
     except EnvironmentNotFound:
         raise
     except ModuleNotFoundError as error:
-        raise EnvironmentNotFound(spec, f"no module {error.name!r} (run from the directory that holds "
-                          "it, or name the file: path/to/file.py:attribute)") from None
+        if module_name == error.name or module_name.startswith(f"{error.name}."):
+            raise EnvironmentNotFound(spec, f"no module {error.name!r} (run from the directory that holds it, or "
+                                      "name the file: path/to/file.py:attribute)") from None
+        raise EnvironmentNotFound(spec, f"importing {module_name} failed: {error}") from None
     except Exception as error:  # the user's module itself failed: its message says what to fix
-        raise EnvironmentNotFound(spec, f"importing {module_name} failed: "
-                          f"{type(error).__name__}: {error}") from None
+        raise EnvironmentNotFound(spec, f"importing {module_name} failed: {type(error).__name__}: {error}") from None
 
 
 def environment_of(task: Task) -> Environment:
