@@ -6,7 +6,8 @@ Used to show that a refactor left behaviour unchanged: run the same seeded recip
 
 Ignored: columns that hold a time (``*_at``, ``*_s``, ``seconds``), the metrics that do (``time/*``, ``*_s``,
 ``diagnoser/seconds``, TRL's ``grpo/step_time``), and the run directory inside paths and the stored recipe (the two
-runs live in different directories). Run both with ``--set diagnoser.timeout_s=600``, so that a slow machine
+runs live in different directories), and a recipe field that only one store has, at seal-lite's default: a field
+added since the other run, which changes nothing (listed, not counted). Run both with ``--set diagnoser.timeout_s=600``, so that a slow machine
 cannot turn a diagnoser answer into a timeout.
 """
 
@@ -15,6 +16,11 @@ import json
 import sqlite3
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from seal_lite.core.recipe import Recipe  # noqa: E402  (the checkout's seal_lite, not an installed one)
 
 TIME_NAMES = ("seconds", "step_time")
 
@@ -57,13 +63,43 @@ def tables(path: Path) -> list[str]:
     return sorted(name for name in names if not name.startswith("sqlite_"))
 
 
-def differences(before: Path, after: Path) -> list[str]:
+def flat(mapping: dict, prefix: str = "") -> dict:
+    """A nested recipe as {"section.field": value}."""
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value and key != "utilities":
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def new_default_fields(old: dict, new: dict) -> list[str]:
+    """Recipe fields that one recipe has and the other lacks, at seal-lite's default; removed from both."""
+    default = flat(Recipe().model_dump())
+    found = []
+    for recipe, other in ((old, new), (new, old)):
+        fields, others = flat(recipe), flat(other)
+        for name in sorted(fields.keys() - others.keys()):
+            section, _, field = name.rpartition(".")
+            if name in default and fields[name] == default[name]:
+                (recipe[section] if section else recipe).pop(field)
+                found.append(f"{name} = {fields[name]!r}")
+    return found
+
+
+def differences(before: Path, after: Path, notes: list[str] | None = None) -> list[str]:
     found = []
     for table in sorted(set(tables(before)) | set(tables(after))):
         if table not in tables(before) or table not in tables(after):
             found.append(f"{table}: only in {'after' if table in tables(after) else 'before'}")
             continue
         old, new = table_rows(before, table), table_rows(after, table)
+        if table == "runs":
+            for key in old.keys() & new.keys():
+                added = new_default_fields(old[key]["recipe"], new[key]["recipe"])
+                if notes is not None:
+                    notes += [f"runs: recipe field {field}, in one store only, at its default" for field in added]
         if old.keys() != new.keys():
             found.append(f"{table}: {len(old.keys() - new.keys())} rows only before, {len(new.keys() - old.keys())} "
                          "only after")
@@ -81,12 +117,15 @@ def main() -> int:
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
     args = parser.parse_args()
-    found = differences(args.before, args.after)
+    notes: list[str] = []
+    found = differences(args.before, args.after, notes)
     for line in found:
         print(line)
     counted = {table: len(table_rows(args.before, table)) for table in tables(args.before)}
     print("identical" if not found else f"{len(found)} difference(s)", "-",
           ", ".join(f"{table} {n}" for table, n in counted.items()))
+    for line in notes:
+        print(line)
     return 1 if found else 0
 
 

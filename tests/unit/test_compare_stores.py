@@ -49,3 +49,17 @@ def test_a_changed_label_or_metric_is_a_difference(tmp_path):
     metric = a_copy_of_the_real_store(tmp_path / "c")
     change(metric, "update metrics set value = value + 1 where name = 'reward/mean'")
     assert "reward/mean') differs in value" in compare(before, metric).stdout
+
+
+def test_a_recipe_field_added_at_its_default_is_listed_not_counted(tmp_path):
+    """A run stored before a field existed (data.environment) compares equal to one that states its default; the
+    same field at another value is a difference."""
+    before, after = a_copy_of_the_real_store(tmp_path / "a"), a_copy_of_the_real_store(tmp_path / "b")
+    change(before, "update runs set recipe = json_remove(recipe, '$.data.environment')")
+    change(after, "update runs set recipe = json_set(recipe, '$.data.environment', 'bfcl')")
+    result = compare(before, after)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.startswith("identical") and "data.environment = 'bfcl'" in result.stdout
+    other = a_copy_of_the_real_store(tmp_path / "c")
+    change(other, "update runs set recipe = json_set(recipe, '$.data.environment', 'library')")
+    assert compare(before, other).returncode == 1
