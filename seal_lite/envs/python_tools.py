@@ -258,12 +258,13 @@ def expected_call_errors(environment: ToolEnvironment, task: Task) -> list[str]:
 
 
 def tool_docs(tools: type) -> list[dict]:
-    """BFCL-format docs for the public methods of ``tools``, in definition order, from their hints and docstrings."""
-    docs = []
-    for name, function in tools.__dict__.items():
-        if name.startswith("_") or not inspect.isfunction(function):
-            continue
-        docs.append(_tool_doc(tools.__name__, name, function))
+    """BFCL-format docs for the public methods of ``tools`` (its own and inherited), in definition order, from their
+    hints and docstrings."""
+    functions = {}  # inherited methods are tools too, in the order the classes define them
+    for cls in reversed(tools.__mro__[:-1]):
+        functions.update((name, value) for name, value in vars(cls).items() if inspect.isfunction(value))
+    docs = [_tool_doc(tools.__name__, name, function) for name, function in functions.items()
+            if not name.startswith("_")]
     if not docs:
         raise ToolEnvironmentError(f"{tools.__name__} has no public method: each public method is a tool")
     return docs
@@ -333,16 +334,18 @@ def _summary(docstring: str) -> str:
 def _arguments(docstring: str) -> dict[str, str]:
     """The ``Args:`` section of a Google-style docstring: {parameter: description} (continuation lines joined)."""
     described: dict[str, str] = {}
-    inside, current = False, None
+    inside, current, indent = False, None, None
     for line in docstring.splitlines():
         if _SECTION.match(line):
             inside = line.strip().rstrip(":") in ("Args", "Arguments", "Parameters")
-            current = None
+            current, indent = None, None
             continue
         if not inside or not line.strip():
             continue
-        if match := re.match(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", line):
-            current = match.group(1)
+        depth = len(line) - len(line.lstrip())
+        match = re.match(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", line)
+        if match and (indent is None or depth <= indent):  # deeper lines continue the parameter above
+            current, indent = match.group(1), depth
             described[current] = match.group(2).strip()
         elif current:
             described[current] = f"{described[current]} {line.strip()}".strip()

@@ -70,7 +70,12 @@ def _import(spec: str, module_name: str):
                 raise EnvironmentNotFound(spec, f"no such file {path}")
             loaded = importlib.util.spec_from_file_location(f"seal_lite_environment_{path.stem}", path)
             module = importlib.util.module_from_spec(loaded)
-            loaded.loader.exec_module(module)
+            sys.modules[loaded.name] = module  # as an import does: dataclasses and pickle look the module up
+            try:
+                loaded.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[loaded.name]
+                raise
             return module
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
             sys.path.append(str(Path.cwd()))  # a module beside the recipe, as `python -m` would find it

@@ -659,11 +659,9 @@ def test_preflight_names_categories_the_environment_does_not_have():
         preflight.check(recipe)
 
 
-# --- known bugs in seal_lite (strict xfail: each fails today, and reports XPASS once fixed) ---------------------
+# --- a file with dataclasses, inherited tools, continuation lines ----------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="registry._import runs a .py file's module without putting it in "
-                   "sys.modules, so dataclasses cannot resolve string annotations (AttributeError)")
 def test_a_user_file_with_a_dataclass_and_postponed_annotations_is_found_by_path(tmp_path):
     path = tmp_path / "notes_tools.py"
     path.write_text(ENVIRONMENT_MODULE.replace("NAME", "tally_dataclass").replace(
@@ -672,8 +670,6 @@ def test_a_user_file_with_a_dataclass_and_postponed_annotations_is_found_by_path
     assert find_environment(f"{path}:environment").name == "tally_dataclass"
 
 
-@pytest.mark.xfail(strict=True, reason="tool_docs reads only the class's own __dict__, so inherited public "
-                   "methods are not tools, though the episode dispatches them")
 def test_inherited_public_methods_are_tools():
     class Branch(library.Library):
         def hours(self) -> dict:
@@ -683,8 +679,6 @@ def test_inherited_public_methods_are_tools():
     assert "borrow_book" in [doc["name"] for doc in tool_docs(Branch)]
 
 
-@pytest.mark.xfail(strict=True, reason="_arguments takes an indented continuation line such as 'Format: ...' for "
-                   "a new parameter and drops it from the description")
 def test_an_args_continuation_line_with_a_colon_stays_in_the_description():
     class Calendar:
         def book(self, day: str) -> dict:
