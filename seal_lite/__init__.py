@@ -8,7 +8,7 @@ import nothing heavy.
 import importlib
 
 _FROM_API = ("run", "screen", "evaluate", "verify", "prompt", "report", "export", "diagnose", "trajectory", "doctor",
-             "checked_recipe", "load_recipe", "SealLiteError")
+             "checked_recipe", "load_recipe", "SealLiteError", "ToolEnvironment")
 __all__ = list(_FROM_API)
 
 

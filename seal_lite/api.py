@@ -15,6 +15,9 @@ A notebook cell (the quickstart recipe; minutes on a CPU)::
     for record in seal_lite.verify(['{"id": "multi_turn_base_0", "turns": [[], [], [], []]}']):
         print(record["valid"], record["labels"])
 
+Your own tools instead of BFCL: ``seal_lite.ToolEnvironment(name, ToolClass, tasks)`` in a file a recipe's
+``data.environment`` names (docs/your-tools.md).
+
 Every error a caller can fix is a ``seal_lite.SealLiteError`` (``ConfigError``, ``ModelError`` or ``RunError``)
 whose message says what to do. Heavy libraries (torch, transformers) load inside the functions that need them.
 """
@@ -30,6 +33,7 @@ from pathlib import Path
 from seal_lite.core.errors import ConfigError, RunError, SealLiteError
 from seal_lite.core.recipe import Recipe, RecipeError, load_recipe
 from seal_lite.core.types import NoProgress, Progress
+from seal_lite.envs.python_tools import ToolEnvironment  # noqa: F401  (seal_lite.ToolEnvironment)
 
 __all__ = ["SealLiteError", "card_plan", "checked_recipe", "diagnose", "doctor", "evaluate", "export", "interface_version",
            "interface_versions", "load_recipe", "parse_overrides", "prompt", "report", "run", "screen", "trajectory",
