@@ -284,6 +284,18 @@ def prompt(task_id: str, *, model: str | None = None, run_dir: str | Path | None
     return Prompt(text, len(tokenizer(text, add_special_tokens=False)["input_ids"]), shown, model, len(task.turns))
 
 
+def describe_environment(spec: str) -> str:
+    """One line on the environment ``spec`` names: its tools and its tasks per split."""
+    from seal_lite.envs.registry import find_environment
+
+    found = find_environment(spec)
+    train, held_out = len(found.split_ids("train")), len(found.split_ids("eval"))
+    tools = getattr(found, "functions", None)
+    shown = f"{len(tools)} tools ({', '.join(doc['name'] for doc in tools)}), " if tools else ""
+    return (f"environment {found.name}: {shown}{train} training tasks, {held_out} held-out, categories "
+            f"{', '.join(found.categories)}")
+
+
 def _task(task_id: str, environment: str):
     from seal_lite.envs.registry import find_environment
 

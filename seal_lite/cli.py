@@ -327,7 +327,10 @@ def recipe(recipe, overrides, out, fields, card):
 
         config = api.load_recipe(recipe, api.parse_overrides(overrides))  # the schema only: the card is elsewhere
         return print_card_plan(config, api.card_plan(config, card))
-    click.echo(yaml.safe_dump(_load(recipe, overrides, out=out).model_dump(), sort_keys=False).rstrip())
+    loaded = _load(recipe, overrides, out=out)
+    click.echo(yaml.safe_dump(loaded.model_dump(), sort_keys=False).rstrip())
+    if loaded.data.environment != "bfcl":
+        click.echo(api.describe_environment(loaded.data.environment), err=True)
 
 
 @main.command()

@@ -94,13 +94,14 @@ class Recipe(Section):
         if self.interface.hints == "llm" and self.diagnoser.mode == "off":
             problems.append(("interface.hints", "llm", "hints from the diagnoser need it on; set diagnoser.mode "
                              "to in_process (or server/url), or use interface.hints template"))
-        if self.validation.every and self.rollout.max_context_tokens < OFFICIAL_CONTEXT_TOKENS:
+        if (self.validation.every and self.data.environment == "bfcl"
+                and self.rollout.max_context_tokens < OFFICIAL_CONTEXT_TOKENS):
             problems.append(("validation.every", self.validation.every, "validation plays BFCL's own view, as "
                              f"`seal-lite eval` does, in a context of at least {OFFICIAL_CONTEXT_TOKENS} tokens (its "
                              "tool block alone is 3-6k); raise rollout.max_context_tokens to "
                              f"{OFFICIAL_CONTEXT_TOKENS}, or set validation.every null"))
         if self.data.environment == "bfcl":
-            problems += category_problems("validation.categories", self.validation.categories)
+            problems += category_problems("validation.categories", self.validation.categories or [])
         if self.diagnoser.mode == "url" and not self.diagnoser.url:
             problems.append(("diagnoser.url", None, "diagnoser.mode url needs the server's base URL; set "
                              "diagnoser.url (e.g. http://127.0.0.1:8000) or use mode server to let seal-lite start one"))

@@ -376,9 +376,9 @@ class ValidationConfig(Section):
         "eval", description="Which SEAL split the slice comes from. The release validates on the 400 held-out tasks "
         "its paper reports, so its best checkpoint is chosen on the test set (docs/deviations.md).",
     )
-    categories: list[str] = Field(
-        list(BFCL_CATEGORIES), min_length=1,
-        description="Task categories of the slice (another environment than BFCL: all of its categories unless set).",
+    categories: list[str] | None = Field(
+        None, min_length=1,
+        description="Task categories of the slice; None: every category of the environment (BFCL's four).",
     )
     tasks_per_category: int | None = Field(
         None, ge=1, description="Only the first N tasks of each category, in the split's order (None: all of them; "
@@ -411,7 +411,8 @@ class ValidationConfig(Section):
         """How many tasks one validation plays."""
         if self.task_ids:
             return len(self.task_ids)
-        return len(self.categories) * min(self.tasks_per_category or SPLIT_CATEGORY_TASKS, SPLIT_CATEGORY_TASKS)
+        categories = len(self.categories or BFCL_CATEGORIES)  # BFCL's sizes: the plan is for BFCL runs
+        return categories * min(self.tasks_per_category or SPLIT_CATEGORY_TASKS, SPLIT_CATEGORY_TASKS)
 
 
 TRACKERS = ("none", "trackio", "tensorboard", "wandb")

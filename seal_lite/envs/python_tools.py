@@ -121,8 +121,9 @@ class ToolEnvironment:
         """An expected call as the checker compares it: parsed (never evaluated), bound to its method, canonical."""
         parsed = parse_calls(text, "lenient") if isinstance(text, str) else None
         if parsed is None or parsed.errors or len(parsed.calls) != 1:
-            raise ToolEnvironmentError(f"{where}: turn {turn}: {text!r} is not one call such as "
-                                       "\"borrow(title='Dune')\" (arguments must be literals)")
+            example = self.functions[0]["name"]
+            raise ToolEnvironmentError(f"{where}: turn {turn}: {text!r} is not one call such as \"{example}(...)\" "
+                                       "with literal arguments")
         call = parsed.calls[0]
         if call.name not in {doc["name"] for doc in self.functions}:
             raise ToolEnvironmentError(f"{where}: turn {turn}: {call.name!r} is not a tool of {self.tools.__name__} "

@@ -47,13 +47,13 @@ class TaskResult:
     labels: list[str]
 
 
-def evaluation_rollout(rollout: RolloutConfig) -> RolloutConfig:
+def evaluation_rollout(rollout: RolloutConfig, min_context: int = OFFICIAL_CONTEXT_TOKENS) -> RolloutConfig:
     """The recipe's budgets with the official surface's rules: greedy (generators read temperature 0 as argmax),
-    strict parsing (in the recipe's format), no per-turn cap, and at least the paper's context, so the full tool
-    docs always fit."""
+    strict parsing (in the recipe's format), no per-turn cap, and at least ``min_context`` tokens (the paper's
+    context, so BFCL's full tool docs always fit)."""
     return rollout.model_copy(update={
         "temperature": 0.0, "parser": evaluation_parser(rollout.parser), "max_calls_per_turn": None,
-        "max_context_tokens": max(rollout.max_context_tokens, OFFICIAL_CONTEXT_TOKENS),
+        "max_context_tokens": max(rollout.max_context_tokens, min_context),
     })
 
 
@@ -63,12 +63,14 @@ def view_label(model_label: str, view: str) -> str:
 
 
 def evaluate(tasks: list[Task], generator: Generator, rollout: RolloutConfig, view: str = "official",
-             on_result: Callable[[TaskResult], None] = lambda result: None) -> list[TaskResult]:
+             on_result: Callable[[TaskResult], None] = lambda result: None,
+             min_context: int = OFFICIAL_CONTEXT_TOKENS) -> list[TaskResult]:
     """Play every task once with greedy decoding under the plain interface; score it like BFCL does. Tasks sharing
     tool classes are played next to each other (they share their prompt's tool block), at most
     ``generation_batch_size`` at once (``task_batches``); ``on_result`` sees each task's result as soon as it is
-    played. Results come in task order."""
-    greedy = evaluation_rollout(rollout)
+    played. Results come in task order. ``min_context``: the context the episodes may fill, at least (the engine
+    must hold it)."""
+    greedy = evaluation_rollout(rollout, min_context)
     interface = evaluation_interface(view, call_format(greedy.parser))
     by_id = {task.id: task for task in tasks}
     results = {}

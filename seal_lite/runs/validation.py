@@ -2,8 +2,8 @@
 
 Every ``validation.every`` steps, after the last step, and before the first with ``before_training``, the current
 policy plays the held-out slice once, greedily, under BFCL's own view, scored by the official verdict: what
-``seal-lite eval`` does (seal_lite/runs/evaluate_bfcl.py), here on the run's own rollout engine (the recipe's context
-must hold the official view: 16,384 tokens at least). The results go to the store's ``validations`` table under the
+``seal-lite eval`` does (seal_lite/runs/evaluate_bfcl.py), here on the run's own rollout engine (on BFCL the recipe's
+context must hold the official view: 16,384 tokens at least; another environment plays in the recipe's context). The results go to the store's ``validations`` table under the
 step. When the score (``validation.metric``, averaged over the slice's categories) beats every earlier one, that
 adapter becomes the run's best: RUN/best-adapter, beside the final RUN/adapter; ``seal-lite eval RUN --best`` scores
 it.
@@ -38,7 +38,6 @@ from seal_lite.runs.evaluate_bfcl import (
     best_step,
     eval_task_ids,
     evaluate,
-    evaluation_rollout,
     summarize,
 )
 
@@ -46,12 +45,11 @@ STAGED_PREFIX = ".best-adapter-step-"  # a new best, written before its step is 
 
 
 def validation_task_ids(config: ValidationConfig, environment: Environment) -> list[str]:
-    """The held-out slice: the explicit ids, else the split's ids in its categories (another environment than
-    BFCL's: in all of them, unless the recipe names some), the first ``tasks_per_category`` of each."""
+    """The held-out slice: the explicit ids, else the split's ids in its categories (default: all of the
+    environment's), the first ``tasks_per_category`` of each."""
     if config.task_ids:
         return list(config.task_ids)
-    categories = config.categories if environment.name == "bfcl" or "categories" in config.model_fields_set else (
-        environment.categories)
+    categories = config.categories or environment.categories
     return [task_id for task_id in eval_task_ids(environment, config.split, config.tasks_per_category)
             if environment.category_of(task_id) in categories]
 
@@ -100,8 +98,9 @@ class Validator:
         environment = find_environment(recipe.data.environment)
         self.tasks = [task.truncated(recipe.rollout.max_turns)
                       for task in environment.load_tasks(validation_task_ids(self.config, environment))]
-        # the official surface's rules, as `seal-lite eval` plays them (the recipe's context is at least theirs)
-        self.rollout = evaluation_rollout(recipe.rollout).model_copy(update={
+        # `evaluate` plays by the official surface's rules, as `seal-lite eval` does, in the run's engine's context: a
+        # BFCL recipe that validates has at least the official one; another environment's tool docs fit its own
+        self.rollout = recipe.rollout.model_copy(update={
             "generation_batch_size": recipe.generation_batch()})
 
     def __call__(self, step: int) -> None:
@@ -113,7 +112,8 @@ class Validator:
         self.progress.validation_started(step, len(self.tasks))
         with forked_random_state():
             self.sync(step)
-            results = evaluate(self.tasks, self.generator, self.rollout, on_result=self.progress.task_validated)
+            results = evaluate(self.tasks, self.generator, self.rollout, on_result=self.progress.task_validated,
+                               min_context=0)
         self.store.save_validations(step, [
             {"task_id": r.task_id, "category": r.category, "valid": r.valid, "turns_passed": r.turns_passed,
              "turns": r.turns, "labels": r.labels} for r in results])
