@@ -231,9 +231,9 @@ def _id_problems(field: str, task_ids, environment) -> list[Problem]:
     from seal_lite.envs.bfcl import CATEGORIES, category_of, task_ids_of
 
     if environment.name != "bfcl":
+        known = environment.split_ids("train") + environment.split_ids("eval")
         return [(field, task_id, f"not a task of environment {environment.name!r}; its ids include "
-                 f"{', '.join(environment.split_ids('train')[:3])}") for task_id in task_ids
-                if task_id not in set(environment.split_ids("train")) | set(environment.split_ids("eval"))]
+                 f"{', '.join(known[:3])}") for task_id in task_ids if task_id not in known]
     problems = []
     for task_id in task_ids:
         try:

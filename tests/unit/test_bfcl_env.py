@@ -81,3 +81,12 @@ def test_miss_func_tools_are_hidden_until_revealed():
     before = env.run("[sort(file_name='final_report.pdf')]", 2)[0]
     assert before.status == "unknown_tool" and not before.executed
     assert env.run("[sort(file_name='final_report.pdf')]", 3)[0].status in ("ok", "tool_error")
+
+
+def test_the_reveal_prompt_is_bfcl_evals_own():
+    """envs/task.py keeps a copy of bfcl-eval's additional-function prompt, so that a task needs no bfcl-eval import."""
+    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
+
+    from seal_lite.envs.task import ADDITIONAL_FUNCTIONS_PROMPT
+
+    assert ADDITIONAL_FUNCTIONS_PROMPT == DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
