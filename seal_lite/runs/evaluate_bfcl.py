@@ -124,7 +124,8 @@ def task_result(row: dict) -> TaskResult:
 
 
 def results_from_rows(rows: list[dict]) -> dict[str, list[TaskResult]]:
-    """model label -> its BFCL results, from the store's evaluations rows (τ²-bench's are skipped)."""
+    """model label -> its results on BFCL or the run's own environment, from the store's evaluations rows
+    (τ²-bench's are skipped)."""
     out: dict[str, list[TaskResult]] = {}
     for row in rows:
         if row.get("benchmark") != "tau2":
@@ -132,11 +133,11 @@ def results_from_rows(rows: list[dict]) -> dict[str, list[TaskResult]]:
     return out
 
 
-def result_rows(model_label: str, split: str, results: list[TaskResult]) -> list[dict]:
-    """Rows of the store's ``evaluations`` table."""
+def result_rows(model_label: str, split: str, results: list[TaskResult], benchmark: str = "bfcl") -> list[dict]:
+    """Rows of the store's ``evaluations`` table; ``benchmark``: the environment's name."""
     now = time.time()
     return [{"model": model_label, "task_id": r.task_id, "category": r.category, "split": split, "valid": r.valid,
-             "turns_passed": r.turns_passed, "turns": r.turns, "labels": r.labels, "benchmark": "bfcl",
+             "turns_passed": r.turns_passed, "turns": r.turns, "labels": r.labels, "benchmark": benchmark,
              "reward": float(r.valid), "created_at": now}
             for r in results]
 
@@ -283,7 +284,7 @@ def evaluate_target(target: str, *, split: str = "eval", tasks: int | None = Non
         results = _evaluate_variant(recipe, adapter, chosen, view, label, progress)
         summaries[label], everything[label] = summarize(results), [vars(result) for result in results]
         if store is not None:
-            store.save_evaluations(result_rows(label, split, results))
+            store.save_evaluations(result_rows(label, split, results, environment.name))
     return {"summary": summaries, "tasks": everything}
 
 

@@ -79,7 +79,7 @@ def test_prompt_report_and_eval_read_the_runs_environment(library_run):
     assert evaluated.exit_code == 0, evaluated.output
     rows = list(Store(out / "seal.db").evaluations())
     assert sorted(row["task_id"] for row in rows) == ["library_22", "library_24"]
-    assert {row["category"] for row in rows} == {"base"}
+    assert {row["category"] for row in rows} == {"base"} and {row["benchmark"] for row in rows} == {"library"}
 
 
 def test_a_bad_environment_is_refused_before_anything_is_written(tmp_path):
