@@ -1,9 +1,9 @@
 """The CPU experiment of docs/results/cpu-learn.md: base vs vanilla GRPO vs SEAL on Qwen2.5-Coder-0.5B's frontier tasks.
 
-1. The frontier: the tasks the recipe names (``data.task_ids``, the result of an earlier screen), or, if it names
-   none, a screen: ``seal-lite screen RECIPE --out OUT/screen`` plays k samples of every candidate training task
-   with the base model and keeps the tasks solved in some but not all samples. Every run trains on exactly those
-   tasks, so the arms differ only in method. The screen kept tasks for their pass rates, so the base model's own
+1. The frontier: the tasks the recipe names (``data.task_ids`` or ``data.task_file``, the result of an earlier
+   screen), or, if it names none, a screen: ``seal-lite screen RECIPE --out OUT/screen`` plays k samples of every
+   candidate training task with the base model and keeps the tasks solved in some but not all samples. Every run
+   trains on exactly those tasks, so the arms differ only in method. The screen kept tasks for their pass rates, so the base model's own
    rate on them is measured again, afresh (8 samples a task, another seed, the vanilla arm's plain view): the base
    arm on the training tasks (OUT/base-resample-seed100).
 2. Train, per seed: vanilla GRPO (the recipe with SEAL's parts off, as recipes/ablation-vanilla-grpo.yaml turns them
@@ -228,14 +228,17 @@ def sets(overrides: list[str]) -> list[str]:
 
 
 def frontier_ids(recipe: str, out: Path, overrides: list[str], stored_only: bool = False) -> list[str]:
-    """The tasks every run trains on: those the recipe (with ``overrides``) names, else the frontier of a screen of
-    its candidates (data.num_tasks of data.split), screened into OUT/screen unless ``stored_only``."""
+    """The tasks every run trains on: those the recipe (with ``overrides``) names (data.task_ids, or the ids of its
+    data.task_file), else the frontier of a screen of its candidates (data.num_tasks of data.split), screened into
+    OUT/screen unless ``stored_only``."""
     from seal_lite.api import parse_overrides
     from seal_lite.core.recipe import load_recipe
     from seal_lite.engines.store import Store
+    from seal_lite.runs.tasks import read_task_file, task_file_path
     from seal_lite.step.screen import frontier, pass_rates
 
-    named = load_recipe(ROOT / recipe, parse_overrides(tuple(overrides))).data.task_ids
+    data = load_recipe(ROOT / recipe, parse_overrides(tuple(overrides))).data
+    named = data.task_ids or (read_task_file(task_file_path(data.task_file)) if data.task_file else None)
     if named:
         return list(named)
     if not stored_only:

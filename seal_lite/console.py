@@ -219,7 +219,7 @@ def reward_curve(rewards: list[float]) -> str:
 
 # what a newcomer runs after the quickstart to see learning, and what it costs
 # (docs/results/rise-within-30-minutes.md: bf16 on an Intel Xeon, fp32 on an AVX2-only CPU)
-WATCH_A_RISE = "seal-lite run recipes/cpu-learn.yaml   # the reward rises: 23 minutes on 2 cores with bf16, 42 in fp32"
+WATCH_A_RISE = "seal-lite run recipes/cpu-learn.yaml   # the reward rises: 22 minutes on 2 cores with bf16"
 
 
 def print_summary(summary) -> None:

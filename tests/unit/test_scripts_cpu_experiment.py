@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from seal_lite.core.recipe import load_recipe
+from seal_lite.runs.tasks import read_task_file, task_file_path
 from tests.helpers import load_script
 
 ROOT = Path(__file__).parents[2]
@@ -116,8 +117,8 @@ def test_the_cpu_experiment_tabulates_its_committed_records(tmp_path):
     a new machine lacks): --summary-only with two runs' records and the base model's gives their table, and the
     frontier is the recipe's named tasks, without a screen."""
     experiment = _cpu_experiment()
-    assert experiment.frontier_ids(experiment.RECIPE, tmp_path, experiment.COMMON) == load_recipe(
-        ROOT / experiment.RECIPE).data.task_ids
+    assert experiment.frontier_ids(experiment.RECIPE, tmp_path, experiment.COMMON) == read_task_file(
+        task_file_path(load_recipe(ROOT / experiment.RECIPE).data.task_file))
     assert not (tmp_path / "screen").exists()
     held_out = experiment.held_out_ids(2)
     records = experiment.Records(tmp_path / "records")
