@@ -8,6 +8,7 @@ llama3.1). The entry is multi_turn_miss_func_0 at turn 0, where `sort` exists bu
 """
 
 import builtins
+import gc
 import json
 import os
 import string
@@ -164,6 +165,10 @@ def check_one_message(text, parser):
 
 
 def test_hostile_messages_run_nothing_outside_the_visible_tools():
+    # Earlier tests in this worker may leave objects with finalizers in reference cycles (llama.cpp models); the
+    # collector would otherwise free them at whatever depth it runs, and a deeply nested message parses near the
+    # recursion limit, where a finalizer's error cannot even be reported.
+    gc.collect()
     check_one_message()
     assert len(seen) >= EXAMPLES and len(set(seen)) >= 0.9 * EXAMPLES
     assert not MARKER.exists()
