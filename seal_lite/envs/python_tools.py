@@ -275,25 +275,30 @@ def _tool_doc(class_name: str, name: str, function) -> dict:
     where = f"{class_name}.{name}"
     docstring = inspect.getdoc(function)
     if not docstring:
-        raise ToolEnvironmentError(f"{where} has no docstring: the policy reads it; write a one-line summary and an "
-                                "Args: section with one line per parameter")
-    hints = typing.get_type_hints(function)
+        raise ToolEnvironmentError(f"{where} has no docstring: the policy reads it; write a one-line summary and "
+                                   "an Args: section with one line per parameter")
+    try:
+        hints = typing.get_type_hints(function)
+    except Exception as error:  # an annotation that names nothing importable from the tool's module
+        raise ToolEnvironmentError(f"{where}: its type hints cannot be read ({error}); use types the module "
+                                   "imports") from None
     described = _arguments(docstring)
     properties, required = {}, []
     for parameter in list(inspect.signature(function).parameters.values())[1:]:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            raise ToolEnvironmentError(f"{where}: *{parameter.name} cannot be documented for the policy; name each "
-                                    "parameter")
+            raise ToolEnvironmentError(f"{where}: *{parameter.name} cannot be documented for the policy; name "
+                                       "each parameter")
         if parameter.name not in hints:
-            raise ToolEnvironmentError(f"{where}: parameter {parameter.name!r} has no type hint (e.g. {parameter.name}: "
-                                    "str)")
+            raise ToolEnvironmentError(f"{where}: parameter {parameter.name!r} has no type hint "
+                                       f"(e.g. {parameter.name}: str)")
         if parameter.name not in described:
             raise ToolEnvironmentError(f"{where}: parameter {parameter.name!r} is not described; add a line "
-                                    f"'{parameter.name}: what it is' under Args: in its docstring")
-        spec = {**json_type(hints[parameter.name], f"{where}({parameter.name})"), "description": described[parameter.name]}
+                                       f"'{parameter.name}: what it is' under Args: in its docstring")
+        spec = {**json_type(hints[parameter.name], f"{where}({parameter.name})"),
+                "description": described[parameter.name]}
         if parameter.default is parameter.empty:
             required.append(parameter.name)
-        else:
+        elif _json_literal(parameter.default):  # what the doc can show; any other default stays unstated
             spec["default"] = parameter.default
         properties[parameter.name] = spec
     return {"name": name, "description": _summary(docstring),
@@ -318,8 +323,16 @@ def json_type(hint, where: str) -> dict:
         return {"type": "dict"}
     elif hint in _SCALAR_TYPES:
         return {"type": _SCALAR_TYPES[hint]}
-    raise ToolEnvironmentError(f"{where}: type {hint!r} is not one a tool doc can state; use str, int, float, bool, "
-                            "list[...], dict, Literal[...] or X | None")
+    raise ToolEnvironmentError(f"{where}: type {hint!r} is not one a tool doc can state; use str, int, float, "
+                               "bool, list[...], dict, Literal[...] or X | None")
+
+
+def _json_literal(value) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _summary(docstring: str) -> str:

@@ -691,3 +691,31 @@ def test_an_args_continuation_line_with_a_colon_stays_in_the_description():
 
     assert tool_docs(Calendar)[0]["parameters"]["properties"]["day"]["description"] == (
         "The day to book, Format: YYYY-MM-DD.")
+
+
+def test_a_hint_that_names_nothing_is_refused_and_a_default_json_cannot_show_is_left_unstated():
+    class Remote:
+        def press(self, button: "NoSuchType") -> dict:  # noqa: F821  (the user's typo, refused below)
+            """Press a button.
+
+            Args:
+                button: Which one.
+            """
+
+    with pytest.raises(ToolEnvironmentError, match=r"Remote\.press: its type hints cannot be read"):
+        tool_docs(Remote)
+
+    class Lamp:
+        def switch(self, on: bool = True, colour: str = "white") -> dict:
+            """Switch the lamp.
+
+            Args:
+                on: Whether it is on.
+                colour: Its colour.
+            """
+
+    marker = object()
+    Lamp.switch.__defaults__ = (True, marker)  # a default no tool doc can show
+    properties = tool_docs(Lamp)[0]["parameters"]["properties"]
+    assert properties["on"]["default"] is True and "default" not in properties["colour"]
+    json.dumps(tool_docs(Lamp))  # the docs stay JSON, as the policy's prompt needs them
