@@ -63,14 +63,15 @@ def tables(path: Path) -> list[str]:
     return sorted(name for name in names if not name.startswith("sqlite_"))
 
 
-def flat(mapping: dict, prefix: str = "") -> dict:
-    """A nested recipe as {"section.field": value}."""
+def flat(recipe: dict) -> dict:
+    """A recipe as {"section.field": value}, a top-level field as itself; a field's value is kept whole, a mapping
+    (grpo.utilities) included."""
     out = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict) and value and key != "utilities":
-            out.update(flat(value, f"{prefix}{key}."))
+    for key, value in recipe.items():
+        if isinstance(value, dict):
+            out.update((f"{key}.{field}", field_value) for field, field_value in value.items())
         else:
-            out[f"{prefix}{key}"] = value
+            out[key] = value
     return out
 
 
