@@ -30,7 +30,8 @@ and, by name only (``--parts update_prefix,rollout_engines``), benchmarks for a 
                     under the official view, completions of three model and two environment messages) on the peft-4bit
                     backend at Qwen2.5-7B's widths (2 layers; the tiny model in fp32 on a CPU), one pass per
                     trajectory against each group's prompt computed once (grpo.shared_prefix): seconds, peak memory,
-                    the ratio, and how far the LoRA gradients of the two ways differ
+                    tokens the decoder read (on a GPU the suffixes' graphs are kept, so each suffix is read once a
+                    pass), the ratios, and how far the LoRA gradients of the two ways differ
   rollout_engines   the same greedy episodes, G = 8 of that task (2 turns, up to 4 messages of 48 tokens) on the same
                     peft-4bit policy at Qwen2.5-7B's widths (2 layers), played by chunked ``generate`` and by
                     ``rollout.backend: paged`` (benchmarks/rollout_engines.py): seconds, tokens read, peaks, ratios
@@ -260,6 +261,10 @@ def update_prefix(ctx: Context, result: dict) -> bool:
             for name, parameter in trainer.model.named_parameters():
                 if "lora_B" in name:
                     parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)) * 1e-3)
+        read = [0]  # tokens the decoder embeds, every pass and recompute included
+        embeddings = trainer.model.get_input_embeddings()
+        counter = embeddings.register_forward_pre_hook(
+            lambda module, args, read=read: read.__setitem__(0, read[0] + args[0].numel()))
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.synchronize()
@@ -268,7 +273,9 @@ def update_prefix(ctx: Context, result: dict) -> bool:
         trainer.train()
         if cuda:
             torch.cuda.synchronize()
+        counter.remove()
         result[way] = {"seconds": round(time.perf_counter() - started, 2), "shared_prefix": trainer.shared_prefix,
+                       "read_tokens": read[0],
                        "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                        "prompt_tokens": len(batch.prompt_ids[0]),
                        "completion_tokens": sum(map(len, batch.completion_ids)), "dtype": str(policy.dtype)}
@@ -283,6 +290,7 @@ def update_prefix(ctx: Context, result: dict) -> bool:
     relative = float(difference / norm)
     tolerance = 1e-3 if result["shared_prefix"]["dtype"] == "torch.float32" else 0.3  # as gpu_check's parity
     result |= {"speedup": round(result["per_trajectory"]["seconds"] / result["shared_prefix"]["seconds"], 2),
+               "read_ratio": round(result["per_trajectory"]["read_tokens"] / result["shared_prefix"]["read_tokens"], 2),
                "relative_gradient_difference": float(f"{relative:.3g}"), "gradient_norm": float(f"{float(norm):.3g}"),
                "tolerance": tolerance}
     return result["shared_prefix"]["shared_prefix"] and float(norm) > 0 and relative <= tolerance

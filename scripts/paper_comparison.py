@@ -73,6 +73,7 @@ from seal_lite.core.plan import (  # noqa: E402
     evaluation_cost,
     forward_flops,
     run_cost,
+    shares_prefix,
     update_passes,
     update_peak_bytes,
 )
@@ -132,10 +133,13 @@ def plan(seeds: int, overrides: list[str], speed: Speed = Speed()) -> dict:
     shape = KNOWN_SHAPES[recipe.policy.model]
     train, held_out = (episode_cases(recipe.rollout, speed, split) for split in ("train", "eval"))
     episodes = {case: (episode, held_out[case][0], decode_steps) for case, (episode, decode_steps) in train.items()}
+    unsloth = recipe.model_copy(update={"policy": recipe.policy.model_copy(update={"backend": "unsloth"})})
     cards = []
     for card in CARDS:
         budget = card_budget(recipe, shape, card)
         row = {"card": card, "budget": budget, "rows": budget // recipe.rollout.max_context_tokens, "cases": {}}
+        train, _, decode_steps = episodes["like the ground truth"]  # the update on Unsloth: one trajectory a pass
+        row["unsloth_update"] = run_cost(unsloth, shape, card, train, speed, decode_steps)["update"] / 3600
         if card.vllm:
             row["vllm_memory"], row["vllm_cache_tokens"] = card_vllm(recipe, shape, card)
         row["paged_pool_tokens"] = card_paged(recipe, shape, card)
@@ -147,7 +151,8 @@ def plan(seeds: int, overrides: list[str], speed: Speed = Speed()) -> dict:
                 row["cases"][key] = {"run": run, "evaluation": evaluated,
                                      "total": 2 * seeds * run["hours"] + (2 * seeds + 1) * evaluated["hours"]}
         cards.append(row)
-    update_gb = update_peak_bytes(shape, recipe.rollout.max_context_tokens, 2, recipe.policy.lora_r) / GIB
+    update_gb = update_peak_bytes(shape, recipe.rollout.max_context_tokens, 2, recipe.policy.lora_r,
+                                  shares_prefix(recipe)) / GIB
     return {"recipe": recipe, "seeds": seeds, "episodes": {case: value[0] for case, value in episodes.items()},
             "cards": cards, "update_gb": update_gb, "power": power_table(seeds), "speed": speed}
 
@@ -219,9 +224,18 @@ def print_cost(design: dict) -> None:
     run = design["cards"][0]["cases"]["like the ground truth"]["run"]
     print(f"Where the hours go with generate: prefill, since each model message re-reads its episode's whole context "
           f"(generate keeps no cache between an episode's messages): {run['prefill_tokens'] / 1e9:.2f} G tokens a run, "
-          f"where its episodes hold {run['trained_tokens'] / 1e6:.0f} M. The update reads each trajectory whole "
-          "(Unsloth takes one a pass); seal-lite's shared-prefix pass on the peft backends reads each group's prompt "
-          "once (4.2x less CPU time at G = 8, docs/measured.md).")
+          f"where its episodes hold {run['trained_tokens'] / 1e6:.0f} M.")
+    if shares_prefix(recipe):
+        updates = ", ".join(f"{row['card'].name} {row['cases']['like the ground truth']['run']['update'] / 3600:.1f} "
+                            f"against {row['unsloth_update']:.1f}" for row in design["cards"])
+        print(f"The update on {recipe.policy.backend} reads each group's opening once a pass, then each trajectory's "
+              f"rest against it: {run['read_tokens'] / 1e6:.0f} M tokens a pass where the trajectories hold "
+              f"{run['trained_tokens'] / 1e6:.0f} M; it keeps the suffixes' graphs for the backward pass where half the "
+              "free memory holds a group's (else it recomputes them: one more pass over them). Unsloth's trainer reads "
+              f"every trajectory whole (--set policy.backend=unsloth). Update hours a run, {recipe.policy.backend} "
+              f"against Unsloth, at the same assumed speed: {updates}.")
+    else:
+        print("The update reads each trajectory whole, one a pass.")
     print("\nWith vLLM rollouts (rollout.backend vllm on an Ampere or newer card with `pip install -e '.[vllm]'`): "
           "prefix caching reads each task's opening once a group and then only what the environment appends, and "
           "continuous batching decodes as many episodes as vLLM's KV cache holds. Its share of the card is the "

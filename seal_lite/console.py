@@ -450,13 +450,17 @@ def print_card_plan(recipe, plan: dict) -> None:
             console.print("            to fit: a smaller rollout.max_context_tokens or a larger card")
     else:
         print_widest_call(recipe, plan, fits)
-    console.print(f"  update    one trajectory of {recipe.rollout.max_context_tokens:,} tokens a pass needs about "
-                  f"{plan['update_gb']:.1f} GB: {fits[plan['update_fits']]} (an estimate; no GPU has measured it)")
+    how = ("each group's opening once, then each trajectory's rest against it (grpo.shared_prefix)"
+           if plan["shared_prefix"] else "one trajectory a pass")
+    console.print(f"  update    {how}; its peak, trajectories of up to {recipe.rollout.max_context_tokens:,} tokens: "
+                  f"about {plan['update_gb']:.1f} GB: {fits[plan['update_fits']]} (an estimate; no GPU has measured it)")
     for case, hours in plan["hours"].items():
         validations = (f" and {hours['validations']} validations ({hours['validation']:,.0f} h)"
                        if hours["validations"] else "")
+        kept = ("" if not plan["shared_prefix"] else ", its suffixes kept for the backward pass"
+                if hours["suffixes_kept"] else ", its suffixes recomputed in the backward pass")
         console.print(f"  hours     episodes {case}: {hours['step']:.2f} h a step, {hours['run']:,.0f} h for the "
-                      f"{recipe.grpo.steps} steps{validations} ({hours['update_share']:.0%} of it the update)")
+                      f"{recipe.grpo.steps} steps{validations} ({hours['update_share']:.0%} of it the update{kept})")
     console.print("            estimated: the speeds are assumptions until a GPU measures them "
                   "(seal_lite/core/plan.py, Speed; docs/gpu.md)")
 

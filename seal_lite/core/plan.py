@@ -122,6 +122,7 @@ PAGED_PREFILL_TOKENS = 2048  # paged_rollouts.PREFILL_TOKENS: the most tokens on
 
 
 LOGPROB_CHUNK = 1024  # positions whose fp32 logits (and their gradient) Unsloth's loss holds at once
+HOLD_SHARE = 0.5  # training/shared_prefix.HOLD_SHARE: the share of the free memory kept suffix graphs may take
 
 
 def forward_flops(shape, width: float) -> float:
@@ -235,15 +236,69 @@ def card_paged(recipe, shape, card: Card) -> int:
     return paged_pool_tokens(shape, available, PAGED_PREFILL_TOKENS, 2)
 
 
+def suffix_flops(shape, width: float, prefix: float) -> float:
+    """One forward pass over ``width`` tokens that attend to ``prefix`` keys computed before them and causally to
+    their own (``forward_flops`` without the LM head when ``prefix`` is 0)."""
+    return 2 * shape.linear_params() * width + 2 * shape.layers * shape.heads * shape.head_dim * (
+        width**2 + 2 * width * prefix)
+
+
 def update_cost(shape, card: Card, episode: Episode, trajectories: int, context: int, passes: int,
-                speed: Speed, recompute: int = 1) -> dict:
-    """Seconds of the update over ``trajectories`` whole trajectories (at most ``context`` tokens): ``passes``
-    forward-sized passes over each (``update_passes``), and the LM head's logits over the completion in every pass
-    but the ``recompute`` passes of the checkpointed layers."""
+                speed: Speed, recompute: int = 1, group: int = 1, epochs: int = 1, kept: bool = False) -> dict:
+    """Seconds of the update over ``trajectories`` trajectories (at most ``context`` tokens each): ``passes``
+    forward-sized passes over each trained token (``update_passes``), ``recompute`` of them the checkpointed layers'
+    (no logits). ``group`` 1: each trajectory read whole in every pass, the LM head over its whole completion in every
+    pass but the recomputes (TRL's and Unsloth's scoring). ``group`` G: each group's opening read once a pass and
+    each trajectory's completion against it, the LM head only where a model token is scored, and, unless the
+    suffixes' graphs are ``kept`` (``suffixes_kept``), one more pass over the completions in each of the ``epochs``
+    PPO epochs: the checkpointed suffix's recompute (training/shared_prefix.py). The head is then counted in every
+    pass, its chunks' recompute included: a bound."""
     length = min(episode.length(), context)
-    head = 2 * shape.vocab * shape.hidden * (length - episode.opening) * (passes - recompute)
-    flops = trajectories * (passes * forward_flops(shape, length) + head)
-    return {"trained_tokens": trajectories * length, "update": flops / (card.tflops * 1e12 * speed.update_mfu)}
+    completion = length - episode.opening
+    head_flops = 2 * shape.vocab * shape.hidden
+    if group == 1:
+        flops = trajectories * (passes * forward_flops(shape, length) + head_flops * completion * (passes - recompute))
+        read = trajectories * length
+    else:
+        suffix_passes = passes + (0 if kept else epochs)
+        scored = min(episode.model_tokens, completion)
+        flops = (trajectories / group * passes * forward_flops(shape, episode.opening)
+                 + trajectories * suffix_passes * (suffix_flops(shape, completion, episode.opening)
+                                                   + head_flops * scored))
+        read = trajectories / group * episode.opening + trajectories * completion
+    return {"trained_tokens": trajectories * length, "read_tokens": read,
+            "update": flops / (card.tflops * 1e12 * speed.update_mfu)}
+
+
+def shares_prefix(recipe) -> bool:
+    """Whether the recipe's update computes each group's opening once: ``grpo.shared_prefix`` on a peft backend
+    (training/grpo.py's rule; one process). Unsloth's trainer scores one trajectory a pass, and ``auto`` is priced as
+    Unsloth, which it picks on a GPU where ``.[gpu]`` installed it."""
+    return recipe.grpo.shared_prefix and recipe.policy.backend in ("peft", "peft-4bit")
+
+
+def update_group(recipe) -> int:
+    """Trajectories that share one pass over their opening in the update: with ``shares_prefix`` a group, or as much
+    of it as a micro-batch holds; else 1."""
+    return min(recipe.rollout.num_generations, recipe.micro_batch(True)) if shares_prefix(recipe) else 1
+
+
+def kept_suffix_bytes(recipe, shape, episode: Episode, context: int) -> float:
+    """What a group's suffix graphs hold when kept for the backward pass (training/shared_prefix.py ``held_bytes``:
+    each decoder layer's 16-bit input), for episodes like ``episode`` of at most ``context`` tokens."""
+    suffix = min(episode.length(), context) - episode.opening
+    return update_group(recipe) * shape.layers * suffix * shape.hidden * 2
+
+
+def suffixes_kept(recipe, shape, card: Card, episode: Episode, context: int) -> bool:
+    """Whether the update keeps its suffixes' graphs instead of recomputing them on ``card``: with the shared
+    prefix and gradient checkpointing (on with a GPU unless the recipe says otherwise), when a group's fit in
+    ``HOLD_SHARE`` of what the 4-bit policy and the CUDA context leave free (training/shared_prefix.py
+    ``hold_budget``, which reads the free memory when scoring starts)."""
+    if not shares_prefix(recipe) or recipe.policy.gradient_checkpointing is False:
+        return False
+    free = card.memory_gb * GIB - CUDA_CONTEXT - resident_bytes(shape, 2, True, recipe.policy.lora_r)
+    return kept_suffix_bytes(recipe, shape, episode, context) <= HOLD_SHARE * free
 
 
 def trained_length(rollout, episode: Episode) -> float:
@@ -310,8 +365,10 @@ def run_cost(recipe, shape, card: Card, episode: Episode, speed: Speed, decode_s
     budget = card_budget(recipe, shape, card)
     rollout = engine_cost(recipe, shape, card, episode, trajectories, recipe.rollout.num_generations, speed,
                           decode_steps, engine)
-    update = update_cost(shape, card, episode, trajectories, trained_length(recipe.rollout, episode),
-                         update_passes(recipe), speed, recompute_passes(recipe))
+    context = trained_length(recipe.rollout, episode)
+    update = update_cost(shape, card, episode, trajectories, context, update_passes(recipe), speed,
+                         recompute_passes(recipe), update_group(recipe), recipe.grpo.num_iterations,
+                         suffixes_kept(recipe, shape, card, episode, context))
     step = {**rollout, **update, "generated_tokens": trajectories * episode.model_tokens}
     step.pop("rows", None)
     steps, validations = recipe.grpo.steps, recipe.validation.count(recipe.grpo.steps)
@@ -339,23 +396,27 @@ def card_key(card: Card) -> str:
     return card.name.lower().replace(" ", "-")
 
 
-def update_peak_bytes(shape: Shape, width: int, dtype_bytes: int, lora_rank: int) -> int:
+def update_peak_bytes(shape: Shape, width: int, dtype_bytes: int, lora_rank: int, shared: bool = False) -> int:
     """An ESTIMATE (no GPU has measured it; the memory model does not cover the update) of the update's peak for
     one trajectory of ``width`` tokens a pass on Unsloth (4-bit QLoRA, gradient checkpointing, log-probs in chunks):
     the resident part and the CUDA context, each layer's checkpointed input, one layer recomputed (its MLP's three
     intermediates and four hidden-sized tensors), and one chunk's fp32 logits with their gradient
     (benchmarks/gpu_memory.py ``estimate``'s training terms; with its CUDA context of 0.8 GB rather than 0.6, its
-    13.0 GB for 7B at 16k, where this gives 12.8)."""
+    13.0 GB for 7B at 16k, where this gives 12.8). ``shared``: the update scores each group with its opening computed
+    once (``shares_prefix``; the same terms, since a pass holds the prefix's layers and one suffix's), and also keeps
+    the opening's keys and values for the suffixes' backward: at most the whole width's."""
+    prefix = kv_bytes(shape) * width if shared else 0
     checkpointed = shape.layers * width * shape.hidden * dtype_bytes
     recomputed = width * (3 * shape.intermediate + 4 * shape.hidden) * dtype_bytes
     logits = LOGPROB_CHUNK * shape.vocab * 4 * 2
-    return int(resident_bytes(shape, dtype_bytes, True, lora_rank) + CUDA_CONTEXT + checkpointed + recomputed + logits)
+    return int(resident_bytes(shape, dtype_bytes, True, lora_rank) + CUDA_CONTEXT + checkpointed + recomputed + logits
+               + prefix)
 
 
 def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
     """``recipe`` on ``card``: its rollouts' widest generate call by the memory model (rows of the full context at
     the recipe's token budget) against the card with 10% left free, the budget that fits (``rollout_token_budget``),
-    the update's estimated peak, and the hours of a step and of the run for episodes like the ground truth's
+    the update's estimated peak (with the suffix graphs it keeps, where it keeps them), and the hours of a step and of the run for episodes like the ground truth's
     (measured on the BFCL data under the official view) and for episodes that spend the whole budget. The engine
     is the policy backend's; ``auto`` counts both GPU backends (Unsloth where it is installed, else bitsandbytes and
     peft), so what it finds fits either. The rollouts are priced on vLLM with ``rollout.backend: vllm`` where the
@@ -371,19 +432,24 @@ def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
     resident = resident_bytes(shape, 2, quantized, recipe.policy.lora_r) + CUDA_CONTEXT
     call = resident + max(generate_peak(shape, rows, rollout.max_context_tokens - rollout.max_new_tokens,
                                         rollout.max_new_tokens, 2, engine) for engine in engines)
-    update = update_peak_bytes(shape, rollout.max_context_tokens, 2, recipe.policy.lora_r)
+    update = update_peak_bytes(shape, rollout.max_context_tokens, 2, recipe.policy.lora_r, shares_prefix(recipe))
     engine = {"vllm": "vllm" if card.vllm else "generate", "paged": "paged"}.get(rollout.backend, "generate")
     pool = card_paged(recipe, shape, card)
     steps = recipe.grpo.steps
-    hours = {}
+    hours, kept = {}, 0.0
     held_out = episode_cases(rollout, speed, recipe.validation.split)
     for case, (episode, decode_steps) in episode_cases(rollout, speed).items():
         run = run_cost(recipe, shape, card, episode, speed, decode_steps, engine, held_out[case][0])
         validation = run["validation"] / 3600
+        context = trained_length(rollout, episode)
         hours[case] = {"step": (run["hours"] - validation) / steps, "run": run["hours"], "validation": validation,
-                       "validations": run["validations"], "update_share": run["update"] / 3600 / run["hours"]}
+                       "validations": run["validations"], "update_share": run["update"] / 3600 / run["hours"],
+                       "suffixes_kept": suffixes_kept(recipe, shape, card, episode, context)}
+        if hours[case]["suffixes_kept"]:  # the group's other suffixes' graphs on top of one trajectory's
+            kept = max(kept, kept_suffix_bytes(recipe, shape, episode, context))
+    update += kept
     return {"card": card, "engines": engines, "rows": rows, "budget": budget, "fitting_budget": fits,
-            "call_gb": call / GIB, "update_gb": update / GIB,
+            "call_gb": call / GIB, "update_gb": update / GIB, "shared_prefix": shares_prefix(recipe),
             "call_fits": call <= 0.9 * card_bytes, "update_fits": update <= 0.9 * card_bytes,
             "rollouts": engine, "pool_tokens": pool,
             "pool_fits": pool >= rollout.max_context_tokens + PAGED_PREFILL_TOKENS, "hours": hours}

@@ -51,7 +51,7 @@ from seal_lite.core.errors import ModelError
 from seal_lite.core.recipe import Recipe
 from seal_lite.engines import distributed
 from seal_lite.engines.policy import Policy, keep_trainable_fp32
-from seal_lite.training.shared_prefix import score_completions, supports
+from seal_lite.training.shared_prefix import hold_budget, score_completions, supports
 
 if TYPE_CHECKING:
     from seal_lite.core.types import RolloutBatch
@@ -234,7 +234,8 @@ class SealGRPOTrainer(GRPOTrainer):
         logps, entropies = score_completions(
             self.accelerator.unwrap_model(model), input_ids, attention_mask, logits_to_keep,
             self._scored_positions(attention_mask, logits_to_keep), self.temperature,
-            entropy=kwargs.get("compute_entropy", False), entropy_grad=self._entropy_bonus_enabled)
+            entropy=kwargs.get("compute_entropy", False), entropy_grad=self._entropy_bonus_enabled,
+            hold_bytes=hold_budget(input_ids.device) if torch.is_grad_enabled() else 0.0)
         return logps, entropies, None
 
     def _scored_positions(self, attention_mask: torch.Tensor, width: int) -> torch.Tensor:

@@ -14,14 +14,17 @@ The result is the same function of the weights as one forward pass per trajector
 [prefix; suffix] with the suffix at positions s, s + 1, ...), so the log-probabilities and every gradient are
 the same up to float summation order; ``tests/scripted/test_grpo_reference.py`` checks it. Nothing is detached.
 
-Memory: the prefix's graph once (as one trajectory's would be) and one suffix's at a time. Each suffix's forward
-pass and log-probs are one checkpointed function, recomputed in the backward pass (one extra forward pass over
-the suffix tokens), so the backward holds one suffix at a time; with the model's gradient checkpointing, the
-decoder layers also checkpoint themselves inside it (the cache is read-only, so a replayed layer reads the same
-keys and values: ``_can_checkpoint_with_cache``; nested non-reentrant checkpoints), and the LM head and
+Memory: the prefix's graph once (as one trajectory's would be), and the suffixes' graphs as memory allows. With
+the model's gradient checkpointing (every GPU recipe) a suffix's graph is each decoder layer's input, a known size
+(``held_bytes``): suffixes keep theirs for the backward pass while they add up to at most ``hold_bytes``
+(``hold_budget``: half the GPU's free memory). Any other suffix's forward pass and log-probs are one checkpointed
+function, recomputed in the backward pass (one extra forward pass over its tokens), so the backward holds one such
+suffix at a time; its decoder layers checkpoint themselves inside it (the cache is read-only, so a replayed layer
+reads the same keys and values: ``_can_checkpoint_with_cache``; nested non-reentrant checkpoints). The LM head and
 log-softmax are checkpointed per chunk of positions, so no vocabulary-wide logits outlive their chunk. The
 prefix's keys and values are let go once the last suffix's backward has passed (``PrefixRelease``), before the
-prefix's own backward. Memory thus stays what one trajectory per micro-batch needs, whatever G.
+prefix's own backward. Memory thus stays what one trajectory per micro-batch needs, whatever G, plus at most
+``hold_bytes``.
 
 Model support: decoder-only models whose attention layers read the cache through ``past_key_values.update`` and
 use full (not sliding-window) attention, without logit soft-capping: Llama, Qwen2, SmolLM2 and the like.
@@ -38,6 +41,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 HEAD_CHUNK = 1024  # positions per LM-head chunk: bounds the vocabulary-wide logits held at once
+HOLD_SHARE = 0.5  # of the GPU's free memory when scoring starts: what kept suffix graphs may take (``hold_budget``)
 
 
 class PrefixLayer(DynamicLayer):
@@ -200,17 +204,35 @@ def head_logps(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: f
     return torch.cat(logps), torch.cat(entropies) if entropy else None
 
 
+def hold_budget(device: torch.device) -> float:
+    """Bytes of suffix graphs ``score_completions`` may keep instead of recomputing them: ``HOLD_SHARE`` of a GPU's
+    free memory; none on a CPU, where runs train without gradient checkpointing, so a kept graph would be every
+    activation of the suffix, not its layers' inputs."""
+    if device.type != "cuda":
+        return 0.0
+    free, _ = torch.cuda.mem_get_info(device)
+    return HOLD_SHARE * free
+
+
+def held_bytes(layers: int, hidden: int, tokens: int, element_size: int) -> int:
+    """What a suffix's graph holds under gradient checkpointing: each decoder layer's input."""
+    return layers * tokens * hidden * element_size
+
+
 def score_completions(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int,
                       scored: torch.Tensor, temperature: float, entropy: bool = False,
-                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      entropy_grad: bool = False, hold_bytes: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and entropies) of the completion tokens, shaped as TRL's: ``input_ids`` and
     ``attention_mask`` are (B, prompt + ``width``) with left-padded prompts and right-padded completions; the
     result is (B, ``width``), non-zero only where ``scored`` (B, ``width``) is true.
 
     Rows with the same prompt share a prefix pass (see the module docstring); a row alone in its group is one
-    plain pass, with logits still only at its scored positions."""
+    plain pass, with logits still only at its scored positions. With gradients and the model's gradient
+    checkpointing, suffixes keep their graphs while they add up to at most ``hold_bytes`` (``held_bytes`` each);
+    the others are recomputed in the backward pass. The result and every gradient are the same either way."""
     decoder, head = decoder_and_head(model)
-    layers = decoder.config.get_text_config().num_hidden_layers
+    text_config = decoder.config.get_text_config()
+    layers = text_config.num_hidden_layers
     grad = torch.is_grad_enabled()
     layer_checkpointing = grad and any(getattr(module, "gradient_checkpointing", False) and module.training
                                        for module in model.modules()
@@ -233,6 +255,8 @@ def score_completions(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         flat_index.append(row * width + columns)
 
     prompts = [ids[: int(attention_mask[row, :-width].sum())].tolist() for row, (ids, _, _) in enumerate(rows)]
+    element_size = head.weight.element_size()  # the hidden states' dtype: the LM head is never quantized
+    held = 0  # bytes of the suffix graphs kept for the backward pass so far
     with cache_through_checkpointing(model):
         for group in groups_of_rows(prompts):
             shared = split_point([rows[row][0].tolist() for row in group])
@@ -272,9 +296,11 @@ def score_completions(model, input_ids: torch.Tensor, attention_mask: torch.Tens
                     return head_logps(head, hidden[0, local], suffix[local + 1], temperature, entropy, entropy_grad,
                                       recompute=recompute_head)
 
-                if grad:  # the suffix is recomputed in the backward pass: one suffix's graph at a time
-                    logp, ent = checkpoint(suffix_logps, use_reentrant=False)
+                size = held_bytes(layers, text_config.hidden_size, len(suffix), element_size)
+                if grad and not (layer_checkpointing and held + size <= hold_bytes):
+                    logp, ent = checkpoint(suffix_logps, use_reentrant=False)  # recomputed in the backward pass
                 else:
+                    held += size if grad else 0
                     logp, ent = suffix_logps()
                 collect(row, columns[outside], logp, ent)
 

@@ -58,7 +58,8 @@ class Case:
     """A trainer built from the recipe, TRL's prepared inputs for one SEAL step, and the reference computation."""
 
     def __init__(self, root, model_dir: str, loss_type: str, weighting: bool, temperature: float = 1.0,
-                 dual_clip: float | None = None, dtype: str = "float32"):
+                 dual_clip: float | None = None, dtype: str = "float32", backend: str = "peft",
+                 checkpointing: bool | None = None):
         self.dtype = dtype
         self.recipe = load_recipe(None, {
             "interface.tool_format": "signatures",  # short prompts: these test the update
@@ -66,7 +67,7 @@ class Case:
             "grpo.beta": BETA, "grpo.epsilon": EPSILON, "grpo.diagnosis_weighting": weighting,
             "rollout.num_generations": G, "rollout.max_turns": 2, "rollout.max_calls_per_turn": 1,
             "rollout.temperature": temperature, "policy.dtype": dtype, "diagnoser.mode": "off",
-            "grpo.dual_clip": dual_clip,
+            "grpo.dual_clip": dual_clip, "policy.backend": backend, "policy.gradient_checkpointing": checkpointing,
             "policy.lora_r": 8, "policy.lora_alpha": 16,  # the rank the bf16 tolerances below were set at
             # the whole batch in one loss call, as below (test_training checks that micro-batches equal it)
             "grpo.micro_batch_size": G,
@@ -84,6 +85,8 @@ class Case:
             for name, parameter in self.model.named_parameters():
                 if "lora_B" in name:
                     parameter.copy_(torch.randn(parameter.shape, generator=seed) * 0.5)
+        if checkpointing:  # as Trainer.train switches it on, from TRL's config
+            self.model.gradient_checkpointing_enable(self.trainer.args.gradient_checkpointing_kwargs)
         self.model.train()
         self.trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop; compute_loss reads it
         assert self.trainer.shared_prefix  # the default: TRL's reference pass below scores with shared prefixes
@@ -211,9 +214,9 @@ class Case:
 
 @functools.cache
 def _case(root, model_dir: str, loss_type: str, weighting: bool, dual_clip: float | None = None,
-          dtype: str = "float32") -> Case:
-    return Case(root / f"{loss_type}-{weighting}-{dual_clip}-{dtype}", model_dir, loss_type, weighting,
-                dual_clip=dual_clip, dtype=dtype)
+          dtype: str = "float32", backend: str = "peft", checkpointing: bool | None = None) -> Case:
+    return Case(root / f"{loss_type}-{weighting}-{dual_clip}-{dtype}-{backend}-{checkpointing}", model_dir, loss_type,
+                weighting, dual_clip=dual_clip, dtype=dtype, backend=backend, checkpointing=checkpointing)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -228,8 +231,8 @@ def one_thread():
 def case(tmp_path_factory, tiny_model_dir):
     """Cases are built once per (loss type, weighting) and shared: TRL's compute_loss leaves them unchanged."""
     root = tmp_path_factory.mktemp("grpo_reference")
-    yield lambda loss_type, weighting, dual_clip=None, dtype="float32": _case(root, tiny_model_dir, loss_type,
-                                                                               weighting, dual_clip, dtype)
+    yield lambda loss_type, weighting, dual_clip=None, dtype="float32", **policy: _case(
+        root, tiny_model_dir, loss_type, weighting, dual_clip, dtype, **policy)
     _case.cache_clear()
 
 
@@ -544,3 +547,84 @@ def test_the_prefixs_keys_and_values_are_freed_before_its_own_backward(tiny_mode
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
             assert torch.allclose(shared[name], parameter.grad, atol=1e-6), name
+
+
+def tokens_read(model) -> tuple[list[int], object]:
+    """A counter of the tokens the decoder embeds (every forward pass over them, recomputes included)."""
+    count = [0]
+    decoder, _ = shared_prefix.decoder_and_head(model)
+    handle = decoder.embed_tokens.register_forward_pre_hook(
+        lambda module, args, kwargs=None: count.__setitem__(0, count[0] + args[0].numel()))
+    return count, handle
+
+
+@pytest.mark.parametrize("checkpointing", [True, False], ids=["checkpointing", "no-checkpointing"])
+def test_kept_suffix_graphs_give_the_same_gradients_and_read_each_suffix_once(tiny_model_dir, checkpointing):
+    """With the model's gradient checkpointing a suffix may keep its graph (its layers' inputs) for the backward
+    pass instead of being recomputed there: within ``hold_bytes`` it is read once, beyond it twice, and the
+    log-probs and LoRA gradients are the same either way. Without checkpointing nothing is kept (a kept graph would
+    be every activation)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():  # a non-zero adapter: every LoRA matrix then has a gradient
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.5)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    prompt, tails = list(range(100, 140)), [[7, 8, 9, 10], [7, 11, 12, 13], [14, 15, 16, 17]]
+    input_ids = torch.tensor([prompt + tail for tail in tails])
+    mask, scored = torch.ones_like(input_ids), torch.ones(len(tails), 4, dtype=torch.bool)
+    decoder, head = shared_prefix.decoder_and_head(model)
+    config = decoder.config
+    prefix = shared_prefix.split_point(input_ids.tolist())  # 40 prompt tokens and the shared 7: 40 in the prefix
+    suffix = input_ids.size(1) - prefix  # 5 tokens each
+    one = shared_prefix.held_bytes(config.num_hidden_layers, config.hidden_size, suffix, head.weight.element_size())
+
+    def score(hold_bytes: float):
+        model.zero_grad()
+        count, handle = tokens_read(model)
+        logps, _ = shared_prefix.score_completions(model, input_ids, mask, 4, scored, 1.0, hold_bytes=hold_bytes)
+        (logps * torch.arange(1, 13.0).view(3, 4)).sum().backward()
+        handle.remove()
+        return logps.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}, count[0]
+
+    recomputed, kept, one_kept = score(0.0), score(float("inf")), score(one)
+    assert recomputed[2] == prefix + 2 * 3 * suffix
+    assert kept[2] == prefix + (1 if checkpointing else 2) * 3 * suffix
+    assert one_kept[2] == prefix + (5 if checkpointing else 6) * suffix  # the first suffix kept, two recomputed
+    for logps, grads, _ in (kept, one_kept):
+        assert torch.allclose(logps, recomputed[0], atol=1e-6)
+        assert all(torch.allclose(grads[n], recomputed[1][n], atol=1e-6) for n in grads)
+    assert all(float(g.abs().max()) > 0 for g in recomputed[1].values())
+
+
+def test_on_the_gpu_recipes_4bit_backend_each_groups_prompt_is_read_once_with_the_same_gradients(case, monkeypatch):
+    """The GPU recipes' backend (peft-4bit: NF4 base weights, bf16 compute, gradient checkpointing), suffix graphs
+    kept as on a GPU with memory free: TRL's loss and LoRA gradients with the group's prompt computed once agree
+    with one pass per trajectory as the bf16 comparison above does, and the decoder reads the prompt once (the
+    split point, then each trajectory's rest) where TRL's scoring reads every padded row whole."""
+    from bitsandbytes.nn import Linear4bit
+
+    c = case("grpo", True, dtype="bfloat16", backend="peft-4bit", checkpointing=True)
+    assert sum(isinstance(module, Linear4bit) for module in c.model.modules()) > 0
+    monkeypatch.setattr(grpo, "hold_budget", lambda device: float("inf"))  # a GPU's free memory, not a CPU's none
+    rows = [prompt + completion for prompt, completion in zip(c.batch.prompt_ids, c.batch.completion_ids)]
+    prefix = shared_prefix.split_point(rows)
+    read = {}
+    for shared in (True, False):
+        count, handle = tokens_read(c.model)
+        read[shared] = (c.trl(c.inputs_for("off", shared), shared), count[0])
+        handle.remove()
+    (shared_loss, _, shared_grads), (loss, _, grads) = read[True][0], read[False][0]
+    assert prefix > 100 and read[True][1] == prefix + sum(len(row) - prefix for row in rows)
+    assert read[False][1] == len(rows) * (c.inputs["prompt_ids"].size(1) + c.width)
+    assert float(loss.abs()) > 1e-4 and all(float(g.abs().max()) > 0 for g in grads)
+    assert torch.allclose(shared_loss, loss, rtol=1e-3), (float(shared_loss), float(loss))
+    relative, _ = gradient_difference(shared_grads, grads)
+    assert relative < 0.05, relative

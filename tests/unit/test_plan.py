@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from seal_lite.cli import main
 from seal_lite.core import plan
-from seal_lite.core.memory import CUDA_CONTEXT, KNOWN_SHAPES, NF4_BYTES, Shape, resident_bytes
+from seal_lite.core.memory import CUDA_CONTEXT, GIB, KNOWN_SHAPES, NF4_BYTES, Shape, resident_bytes
 from seal_lite.core.recipe import load_recipe
 
 ROOT = Path(__file__).parents[2]
@@ -206,3 +206,33 @@ def test_a_run_costs_its_validations_as_greedy_evaluations_of_the_slice():
         one = plan.evaluation_cost(recipe, shape, CARD["rtx-4090"], held_out, speed, decode_steps, 400, engine)
         assert (validated["validations"], plain["validations"], plain["validation"]) == (9, 0, 0)
         assert validated["hours"] - plain["hours"] == pytest.approx(9 * one["hours"]) and one["hours"] > 0
+
+
+def test_the_hold_share_mirrors_the_trainers():
+    """plan.py copies shared_prefix.py's share of the free memory that kept suffix graphs may take."""
+    source = (ROOT / "seal_lite" / "training" / "shared_prefix.py").read_text()
+    constants = {node.targets[0].id: node.value.value for node in ast.parse(source).body
+                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)}
+    assert constants["HOLD_SHARE"] == plan.HOLD_SHARE
+
+
+def test_suffixes_are_kept_where_a_groups_fit_in_half_the_free_memory():
+    """gpu-24gb on a 24 GB card: a group of 8 suffixes like the ground truth's (3,428 tokens) holds 8 x 28 layers x
+    3,428 x 3,584 x 2 bytes = 5.5 GB, within half of what the 4-bit policy leaves (about 8.8 GB); the whole budget's
+    (11,438 tokens, 18.3 GB) is not, and the card plan says so and counts the kept graphs in the update's peak.
+    With gradient checkpointing off nothing is kept."""
+    recipe = load_recipe(ROOT / "recipes" / "gpu-24gb.yaml")
+    shape, card = KNOWN_SHAPES[recipe.policy.model], CARD["rtx-4090"]
+    cases = plan.episode_cases(recipe.rollout, plan.Speed())
+    truth, budget = cases["like the ground truth"][0], cases["whole budget"][0]
+    suffix = truth.length() - truth.opening
+    assert plan.kept_suffix_bytes(recipe, shape, truth, 16384) == pytest.approx(8 * 28 * suffix * 3584 * 2)
+    assert plan.suffixes_kept(recipe, shape, card, truth, 16384)
+    assert not plan.suffixes_kept(recipe, shape, card, budget, 16384)
+    assert not plan.suffixes_kept(recipe, shape, CARD["t4"], truth, 16384)  # 15 GB: 4.2 GB free for them
+    unchecked = recipe.model_copy(update={"policy": recipe.policy.model_copy(update={"gradient_checkpointing": False})})
+    assert not plan.suffixes_kept(unchecked, shape, card, truth, 16384)
+    planned = plan.card_plan(recipe, shape, card)
+    assert planned["shared_prefix"] and [h["suffixes_kept"] for h in planned["hours"].values()] == [True, False]
+    peak = plan.update_peak_bytes(shape, 16384, 2, 16, shared=True) + plan.kept_suffix_bytes(recipe, shape, truth, 16384)
+    assert planned["update_gb"] * GIB == pytest.approx(peak)

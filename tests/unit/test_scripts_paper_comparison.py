@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from seal_lite.core import plan
-from seal_lite.core.memory import NF4_BYTES, Shape
+from seal_lite.core.memory import KNOWN_SHAPES, NF4_BYTES, Shape
 from seal_lite.core.recipe import load_recipe
 from tests.helpers import load_script
 
@@ -59,6 +59,48 @@ def test_the_cost_arithmetic_against_hand_computed_figures():
     plain = plan.update_cost(TOY, card, episode, 3, context=100, passes=3, speed=speed, recompute=False)
     assert plain["update"] == pytest.approx(3 * (3 * (576 * 20 + 16 * 400) + 2 * 10 * 4 * 10 * 3))
 
+
+
+def test_the_shared_prefix_updates_cost_against_hand_computed_figures():
+    """A group of G = 2 toy trajectories (opening 10, completion 10 of which 4 model tokens), 4 passes of which 1
+    recomputes: the opening once a pass (576 x 10 + 16 x 100 = 7360); each completion in every pass against the
+    opening (576 x 10 + 16 x (100 + 2 x 10 x 10) = 10560) with the LM head on its 4 model tokens (2 x 10 x 4 x 4 =
+    320), plus the suffix's own recompute unless its graph is kept. Against one pass per trajectory: 2 x (4 x 17920
+    + 80 x 10 x 3)."""
+    card = plan.Card("toy", 1, 1e-12, 1e-12)
+    speed = plan.Speed(update_mfu=1)
+    episode = plan.Episode(opening=10, messages=2, model_tokens=4, env_tokens=6)
+    assert plan.suffix_flops(TOY, 10, 10) == 10560 and plan.suffix_flops(TOY, 20, 0) == plan.forward_flops(TOY, 20)
+    whole = plan.update_cost(TOY, card, episode, 2, context=100, passes=4, speed=speed)
+    recomputed = plan.update_cost(TOY, card, episode, 2, context=100, passes=4, speed=speed, group=2)
+    kept = plan.update_cost(TOY, card, episode, 2, context=100, passes=4, speed=speed, group=2, kept=True)
+    assert whole["update"] == pytest.approx(2 * (4 * 17920 + 80 * 10 * 3)) and whole["read_tokens"] == 40
+    assert recomputed["update"] == pytest.approx(4 * 7360 + 2 * 5 * (10560 + 320))
+    assert kept["update"] == pytest.approx(4 * 7360 + 2 * 4 * (10560 + 320))
+    assert recomputed["read_tokens"] == kept["read_tokens"] == 30 and kept["trained_tokens"] == 40
+    # two PPO epochs: the suffix is recomputed in each
+    epochs = plan.update_cost(TOY, card, episode, 2, context=100, passes=7, speed=speed, recompute=2, group=2,
+                              epochs=2)
+    assert epochs["update"] == pytest.approx(7 * 7360 + 2 * 9 * (10560 + 320))
+
+
+def test_the_paper_recipe_on_peft_4bit_reads_each_groups_opening_once_and_halves_the_update():
+    """The shipped paper recipe shares the prefix (peft-4bit); on Unsloth (or auto, which picks it on a GPU) the plan
+    prices one trajectory a pass. At the paper's shapes on a 24 GB card the shared update keeps its suffixes and
+    takes about half the time."""
+    recipe = load_recipe(ROOT / "recipes" / "paper-qwen2.5-7b.yaml")
+    unsloth = recipe.model_copy(update={"policy": recipe.policy.model_copy(update={"backend": "unsloth"})})
+    auto = recipe.model_copy(update={"policy": recipe.policy.model_copy(update={"backend": "auto"})})
+    off = recipe.model_copy(update={"grpo": recipe.grpo.model_copy(update={"shared_prefix": False})})
+    assert plan.shares_prefix(recipe) and plan.update_group(recipe) == 8
+    assert not any(plan.shares_prefix(r) for r in (unsloth, auto, off)) and plan.update_group(unsloth) == 1
+    shape, card = KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"], next(c for c in plan.CARDS if c.memory_gb == 24)
+    episode, steps = plan.episode_cases(recipe.rollout, plan.Speed())["like the ground truth"]
+    shared, whole = (plan.run_cost(r, shape, card, episode, plan.Speed(), steps, "vllm") for r in (recipe, unsloth))
+    assert plan.suffixes_kept(recipe, shape, card, episode, plan.trained_length(recipe.rollout, episode))
+    assert 1.8 < whole["update"] / shared["update"] < 2.2
+    assert shared["read_tokens"] / whole["read_tokens"] == pytest.approx(
+        (episode.opening + 8 * (episode.length() - episode.opening)) / (8 * episode.length()))
 
 def test_the_vllm_cost_arithmetic_against_hand_computed_figures():
     """vLLM's rollouts on the toy card: each task's opening read once for its group, then only the environment's
