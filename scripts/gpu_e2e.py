@@ -8,11 +8,11 @@ Each part runs in a process of its own under its own time limit (Unsloth patches
 imports it) and writes ``OUT/<part>.json`` as it goes: a part stopped at its limit keeps what it had finished, with
 "ok": false and the reason. The parts, most valuable first:
 
-  run_resume        the real ``seal-lite run`` CLI on the Unsloth backend (peft on a CPU): 3 steps of 2 real BFCL tasks,
-                    killed with SIGKILL once step 1's checkpoint is committed, then the same command again, which must
-                    resume after the committed step and finish: each step stored and committed once, one checkpoint
+  run_resume        the real ``seal-lite run`` CLI on the GPU recipes' backend, peft-4bit (peft on a CPU): 3 steps of
+                    2 real BFCL tasks, killed with SIGKILL once step 1's checkpoint is committed, then the same command
+                    again, which must resume after the committed step and finish: each step stored and committed once, one checkpoint
                     directory kept (grpo.keep_checkpoints 1), the LoRA moved on the steps that had a learning signal,
-                    no fall-back in the run's log (on Unsloth the run itself refuses a trainer that is not Unsloth's);
+                    no fall-back in the run's log;
                     validation during training on one held-out task under BFCL's view, before the first step and
                     after each: one validation a step, and a best adapter kept
   eval_base         ``seal-lite eval RUN --base --tasks 1``: the trained adapter and the base model, greedy, in one process
@@ -77,6 +77,7 @@ CPU_SCALE = 4
 TASKS = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2"]  # their prompts differ in length
 HELD_OUT = ["multi_turn_base_100"]  # run_resume's validation slice
 STEPS = 3
+RUN_BACKEND = "peft-4bit"  # run_resume and eval_base: what the GPU recipes train on (the other parts: Unsloth)
 ENGINE_TASK = "multi_turn_base_2"  # rollout_engines: a 5k-token opening under the official view
 STAND_INS = {"policy": "random-init weights, local tokenizer; half the messages replaced by the ground truth",
              "diagnoser": "a stub OpenAI-compatible server answering with the rule label (diagnoser.mode url)"}
@@ -365,7 +366,7 @@ class Context:
         from seal_lite.core.recipe import load_recipe
 
         overrides = self.policy_overrides(self.model_dir()) | {
-            "name": "gpu-e2e", "seed": 3, "policy.lora_r": 16, "policy.lora_alpha": 32,
+            "policy.backend": "peft" if self.cpu else RUN_BACKEND, "name": "gpu-e2e", "seed": 3, "policy.lora_r": 16, "policy.lora_alpha": 32,
             "data.task_ids": TASKS, "grpo.tasks_per_step": 2, "grpo.mini_batches": 2, "grpo.steps": STEPS,
             "grpo.learning_rate": 1e-2, "grpo.keep_checkpoints": 1, "rollout.num_generations": 4,
             "rollout.max_turns": 1, "rollout.max_model_calls": 1, "rollout.max_new_tokens": 16,
@@ -385,8 +386,6 @@ class Context:
 
 def harness_main(mode: str, cpu: bool, arguments: list[str]) -> None:
     """``seal-lite ARGUMENTS`` with the scripted generation (a random model still gets mixed rewards)."""
-    if not cpu:
-        import unsloth  # noqa: F401
     from tests.support.scripted_run import script_generation, sometimes_right
 
     script_generation(sometimes_right)

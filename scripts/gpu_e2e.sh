@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # seal-lite as a user runs it, on one NVIDIA GPU without network access, in at most 6 minutes after the wheels'
-# install: the real `seal-lite run` on the Unsloth backend killed with SIGKILL after step 1's checkpoint and resumed
-# to the end, `seal-lite eval RUN --base --tasks 1`, Unsloth's log-probs against an engine's on prompts of
+# install: the real `seal-lite run` on the GPU recipes' backend (peft-4bit) killed with SIGKILL after step 1's
+# checkpoint and resumed to the end, `seal-lite eval RUN --base --tasks 1`, Unsloth's log-probs against an engine's on prompts of
 # different lengths (off- and on-policy), and greedy decode with Unsloth's CUDA-graph decode off and on
 # (scripts/gpu_e2e.py says what each part checks and what stands in for a user's model and diagnoser).
 # Each part writes OUT/<part>.json as it goes (4 files); a part over its limit keeps what it finished. At the end

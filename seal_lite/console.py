@@ -454,6 +454,8 @@ def print_card_plan(recipe, plan: dict) -> None:
            if plan["shared_prefix"] else "one trajectory a pass")
     console.print(f"  update    {how}; its peak, trajectories of up to {recipe.rollout.max_context_tokens:,} tokens: "
                   f"about {plan['update_gb']:.1f} GB: {fits[plan['update_fits']]} (an estimate; no GPU has measured it)")
+    if not plan["update_fits"]:
+        console.print("            to fit: a smaller rollout.max_context_tokens or a larger card")
     for case, hours in plan["hours"].items():
         validations = (f" and {hours['validations']} validations ({hours['validation']:,.0f} h)"
                        if hours["validations"] else "")
