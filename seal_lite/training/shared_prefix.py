@@ -297,11 +297,13 @@ def score_completions(model, input_ids: torch.Tensor, attention_mask: torch.Tens
                                       recompute=recompute_head)
 
                 size = held_bytes(layers, text_config.hidden_size, len(suffix), element_size)
-                if grad and not (layer_checkpointing and held + size <= hold_bytes):
-                    logp, ent = checkpoint(suffix_logps, use_reentrant=False)  # recomputed in the backward pass
-                else:
-                    held += size if grad else 0
+                if not grad:
                     logp, ent = suffix_logps()
+                elif layer_checkpointing and held + size <= hold_bytes:  # its layers' inputs kept for the backward
+                    held += size
+                    logp, ent = suffix_logps()
+                else:  # recomputed in the backward pass: one such suffix's graph at a time
+                    logp, ent = checkpoint(suffix_logps, use_reentrant=False)
                 collect(row, columns[outside], logp, ent)
 
     batch = input_ids.size(0)
