@@ -17,7 +17,8 @@ Parts, each recorded under --records (docs/results/mechanism-test/, committed) a
 
 What they are built from is tested in tests/unit/test_mechanism_test.py and tests/scripted/test_mechanism_*.py:
 the held-out objectives and their gradients (``probe_objectives``), the three arms' advantages
-(``arm_advantages``), GRPO's gradient of a batch (``surrogate_gradient``), a checkpoint's Adam moments
+(``arm_advantages``), GRPO's gradient of a batch (``surrogate_gradient``; ``surrogate_gradients`` for all arms at
+once), a checkpoint's Adam moments
 (``adam_state``) and the arithmetic the result is read with (``adam_change``, ``first_order_change``,
 ``relative_gain``, ``clustered_interval``, ``sign_flip_p``).
 
@@ -325,19 +326,28 @@ def arm_advantages(groups: list[list[tuple[float, list[str]]]], utilities: dict 
 
 
 def surrogate_gradient(model, trajectories: list, advantages: list[float]) -> dict:
-    """The gradient of GRPO's loss at the weights that sampled the batch (ratio 1, β 0): minus the mean over
+    """The gradient of GRPO's loss at the weights that sampled the batch (ratio 1, beta 0): minus the mean over
     trajectories of the advantage times the mean log p of the trajectory's model tokens (loss_type grpo)."""
+    return surrogate_gradients(model, trajectories, {"arm": advantages})["arm"]
+
+
+def surrogate_gradients(model, trajectories: list, arms: dict[str, list[float]]) -> dict[str, dict]:
+    """``surrogate_gradient`` for each arm's advantages, each trajectory's gradient taken once for all arms (the
+    loss is linear in the advantages)."""
     import torch
 
-    parameters, total = trainable(model), None
-    for trajectory, advantage in zip(trajectories, advantages, strict=True):
-        if advantage == 0:
+    parameters, totals = trainable(model), dict.fromkeys(arms)
+    for index, trajectory in enumerate(trajectories):
+        if not any(advantages[index] for advantages in arms.values()):
             continue
         chosen, _ = completion_logprobs(model, trajectory.prompt_ids, trajectory.completion_ids)
         mask = torch.tensor(trajectory.env_mask, dtype=chosen.dtype, device=chosen.device)
-        loss = -advantage * (chosen * mask).sum() / mask.sum()
-        total = add_into(total, gradient_of(loss, parameters), 1 / len(trajectories))
-    return total if total is not None else {name: torch.zeros_like(p) for name, p in parameters.items()}
+        gradient = gradient_of(-(chosen * mask).sum() / mask.sum(), parameters)
+        for arm, advantages in arms.items():
+            if advantages[index]:
+                totals[arm] = add_into(totals[arm], gradient, advantages[index] / len(trajectories))
+    return {arm: total if total is not None else {name: torch.zeros_like(p) for name, p in parameters.items()}
+            for arm, total in totals.items()}
 
 
 # ---- the parts that run it ---------------------------------------------------------------------------------------
@@ -457,9 +467,10 @@ def measure_state(design: Design, state: int) -> None:
             changes, record = {}, {"state": state, "batch": batch, "tasks": [task.id for task in tasks],
                                    "rewards": [[r for r, _ in g] for g in scored],
                                    "labels": [[labels for _, labels in g] for g in scored], "delta": {}}
-            for arm, rho in ARMS.items():
-                advantages = arm_advantages(scored, None if rho is None else initial_utilities(rho))
-                grads = clip_to_norm(surrogate_gradient(model, trajectories, advantages), design.max_grad_norm)
+            advantages = {arm: arm_advantages(scored, None if rho is None else initial_utilities(rho))
+                          for arm, rho in ARMS.items()}
+            for arm, grads in surrogate_gradients(model, trajectories, advantages).items():
+                grads = clip_to_norm(grads, design.max_grad_norm)
                 changes[arm] = adam_change(grads, exp_avg, exp_avg_sq, step, design.learning_rate)
                 record["delta"][arm] = {k: first_order_change(objective_grads[k], changes[arm]) for k in OBJECTIVES}
             record["cosine"] = {arm: cosine(changes["vanilla"], changes[arm]) for arm in ARMS if arm != "vanilla"}

@@ -183,6 +183,13 @@ def test_the_batch_gradient_is_grpos_on_policy_and_env_tokens_carry_none(lora_mo
     for name in expected:  # Llama's RMSNorm computes in fp32 even in an fp64 model: agreement to about 1e-7
         assert torch.allclose(grads[name], expected[name], atol=1e-6 * scale, rtol=1e-5), name
     assert all(not g.any() for g in mechanism.surrogate_gradient(model, trajectories, [0.0] * 3).values())
+    # all arms at once: each arm's gradient as if taken alone
+    other = [-0.4, 0.0, 0.9]
+    both = mechanism.surrogate_gradients(model, trajectories, {"a": advantages, "b": other, "none": [0.0] * 3})
+    alone = mechanism.surrogate_gradient(model, trajectories, other)
+    for name in expected:
+        assert torch.allclose(both["a"][name], grads[name]) and torch.allclose(both["b"][name], alone[name])
+        assert not both["none"][name].any()
 
 
 def test_the_arms_advantages_are_grpos_and_seals_at_the_given_rho():
