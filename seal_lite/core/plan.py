@@ -398,9 +398,9 @@ def card_key(card: Card) -> str:
 
 def update_peak_bytes(shape: Shape, width: int, dtype_bytes: int, lora_rank: int, shared: bool = False) -> int:
     """An ESTIMATE (no GPU has measured it; the memory model does not cover the update) of the update's peak for
-    one trajectory of ``width`` tokens a pass on Unsloth (4-bit QLoRA, gradient checkpointing, log-probs in chunks):
-    the resident part and the CUDA context, each layer's checkpointed input, one layer recomputed (its MLP's three
-    intermediates and four hidden-sized tensors), and one chunk's fp32 logits with their gradient
+    one trajectory of ``width`` tokens a pass on either 4-bit backend (QLoRA, gradient checkpointing, log-probs in
+    chunks): the resident part and the CUDA context, each layer's checkpointed input, one layer recomputed (its MLP's
+    three intermediates and four hidden-sized tensors), and one chunk's fp32 logits with their gradient
     (benchmarks/gpu_memory.py ``estimate``'s training terms; with its CUDA context of 0.8 GB rather than 0.6, its
     13.0 GB for 7B at 16k, where this gives 12.8). ``shared``: the update scores each group with its opening computed
     once (``shares_prefix``; the same terms, since a pass holds the prefix's layers and one suffix's), and also keeps
@@ -416,12 +416,13 @@ def update_peak_bytes(shape: Shape, width: int, dtype_bytes: int, lora_rank: int
 def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
     """``recipe`` on ``card``: its rollouts' widest generate call by the memory model (rows of the full context at
     the recipe's token budget) against the card with 10% left free, the budget that fits (``rollout_token_budget``),
-    the update's estimated peak (with the suffix graphs it keeps, where it keeps them), and the hours of a step and of the run for episodes like the ground truth's
-    (measured on the BFCL data under the official view) and for episodes that spend the whole budget. The engine
-    is the policy backend's; ``auto`` counts both GPU backends (Unsloth where it is installed, else bitsandbytes and
-    peft), so what it finds fits either. The rollouts are priced on vLLM with ``rollout.backend: vllm`` where the
-    card runs it, on the paged engine with ``rollout.backend: paged`` (its pool, ``card_paged``, fits when it holds
-    one context and one prefill pass: less, and the engine takes that much anyway), else on generate."""
+    the update's estimated peak (with the suffix graphs it keeps, where it keeps them), and the hours of a step and
+    of the run for episodes like the ground truth's (measured on the BFCL data under the official view) and for
+    episodes that spend the whole budget. The engine is the policy backend's; ``auto`` counts both GPU backends
+    (Unsloth where it is installed, else bitsandbytes and peft), so what it finds fits either. The rollouts are
+    priced on vLLM with ``rollout.backend: vllm`` where the card runs it, on the paged engine with ``rollout.backend:
+    paged`` (its pool, ``card_paged``, fits when it holds one context and one prefill pass: less, and the engine
+    takes that much anyway), else on generate."""
     rollout, backend = recipe.rollout, recipe.policy.backend
     engines = {"unsloth": ["unsloth"], "auto": ["unsloth", "peft"]}.get(backend, ["peft"])
     quantized, card_bytes = backend != "peft", card.memory_gb * GIB
