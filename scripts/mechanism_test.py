@@ -76,6 +76,20 @@ def abstention_turns(ground_truth: dict[str, list[str]], order: Sequence[str]) -
 
 
 SCREEN_SPLITS = {"probe": "eval", "pool": "train"}
+SCREENED_BY = ("# Screened by: scripts/mechanism_test.py screen-{split} (seal-lite screen's own code: recipes/cpu-learn.yaml,\n"
+               "# qwen2.5-coder-0.5b, first turns, 6 samples at T = 1, seed 0; docs/results/mechanism-test.md), then\n"
+               "# scripts/mechanism_test.py sets, which reads the screens' records (docs/results/mechanism-test/).\n")
+SET_HEADERS = {
+    "probe": "# Probe set P of issue 68's mechanism test: {probe} of {screened} screened eval-split first turns whose pass\n"
+             "# rate was in [1/6, 5/6], at most 3 per identical first-turn ground truth, none that any call passes.\n"
+             + SCREENED_BY.replace("{split}", "probe"),
+    "abstain": "# Abstention turns of issue 68's mechanism test: the first {abstain} eval-split miss_param tasks whose first\n"
+               "# turn must be declined (empty ground truth), in the split's order.\n"
+               + SCREENED_BY.replace("{split}", "probe"),
+    "pool": "# Training pool of issue 68's mechanism test: {pool} of {screened} screened train-split first turns whose pass\n"
+            "# rate was in [1/6, 5/6], at most 3 per identical first-turn ground truth, none that any call passes;\n"
+            "# {twins} share a probe's first-turn ground truth.\n" + SCREENED_BY.replace("{split}", "pool"),
+}
 SCREEN_SAMPLES = 6
 
 
@@ -137,10 +151,11 @@ def choose_sets(design: Design) -> dict:
     chosen["pool"]["twins"] = [task.id for task in load_tasks(chosen["pool"]["tasks"])
                                if tuple(task.ground_truth[0]) in probe_truths]
     design.sets.mkdir(parents=True, exist_ok=True)
+    counts = {name: len(chosen[name]["tasks"]) for name in ("probe", "abstain", "pool")}
     for name in ("probe", "abstain", "pool"):
-        (design.sets / f"{name}.txt").write_text(f"# {name}: written by scripts/mechanism_test.py sets from the "
-                                                 "screens of docs/results/mechanism-test.md\n"
-                                                 + "\n".join(chosen[name]["tasks"]) + "\n")
+        screened = chosen["pool" if name == "pool" else "probe"]["screened"]
+        header = SET_HEADERS[name].format(**counts, screened=screened, twins=len(chosen["pool"]["twins"]))
+        (design.sets / f"{name}.txt").write_text(header + "\n".join(chosen[name]["tasks"]) + "\n")
     write_record(design, "sets.json", chosen)
     return chosen
 
