@@ -634,8 +634,12 @@ def summary(design: Design) -> None:
     print(f"{figures['batches']} batches of states {figures['states']}: R = {figures['R']:+.3f}, 95% interval "
           f"[{low:+.3f}, {high:+.3f}] clustered by state ([{figures['R_interval_batches'][0]:+.3f}, "
           f"{figures['R_interval_batches'][1]:+.3f}] over batches), sign-flip p = {figures['sign_flip_p']:.3g}")
-    print("decision: " + ("stop, the interval lies below +0.15" if figures["stop"] else "the interval reaches +0.15: "
-                          "pre-register the outcome test"))
+    planned = (len(design.state_steps) + 1) * design.batches
+    if figures["batches"] < planned:  # the rule is pre-registered for all the batches, not for a part of them
+        print(f"decision: none yet, {figures['batches']} of the {planned} batches are recorded")
+    else:
+        print("decision: " + ("stop, the interval lies below +0.15" if figures["stop"] else
+                              "the interval reaches +0.15: pre-register the outcome test"))
     for arm, deltas in figures["secondary"].items():
         print(f"{arm} - vanilla, mean per batch: " + ", ".join(f"{k} {v:+.3g}" for k, v in deltas.items()))
     check = figures["check"]

@@ -226,3 +226,22 @@ def test_the_result_is_read_from_the_records_with_its_decision_and_fallback(tmp_
     assert figures["check"]["pairs"] == 4 and figures["check"]["signs_agree"] == 0
     assert figures["first_order_reliable"] is False and figures["R_real"] == pytest.approx(2.0)
     assert mechanism.result(tmp_path / "none") == {}
+
+
+def test_the_summary_gives_no_decision_before_every_batch_is_recorded(tmp_path, capsys):
+    import json
+
+    design = mechanism.Design(records=tmp_path, state_steps=(1,), batches=2)
+    (tmp_path / "sets.json").write_text(json.dumps({"probe": {"tasks": ["a"], "screened": 3},
+                                                    "abstain": {"tasks": []},
+                                                    "pool": {"tasks": ["b"], "screened": 3, "twins": []}}))
+    deltas = {arm: {"J1": 0.1, "J2": 0.0, "J3": 0.0} for arm in mechanism.ARMS}
+    for recorded, (state, batch) in enumerate([(0, 0), (0, 1), (1, 0)], start=1):  # of 2 states x 2 batches
+        record = {"state": state, "batch": batch, "delta": deltas}
+        (tmp_path / f"batch-state{state}-{batch}.json").write_text(json.dumps(record))
+        mechanism.summary(design)
+        decision = [line for line in capsys.readouterr().out.splitlines() if line.startswith("decision")]
+        assert decision == [f"decision: none yet, {recorded} of the 4 batches are recorded"]
+    (tmp_path / "batch-state1-1.json").write_text(json.dumps({"state": 1, "batch": 1, "delta": deltas}))
+    mechanism.summary(design)
+    assert "decision: stop, the interval lies below +0.15" in capsys.readouterr().out
