@@ -24,7 +24,8 @@ imports it) and writes ``OUT/<part>.json`` as it goes: a part stopped at its lim
                     (inside Unsloth's RL generation scope), on the Qwen2 shape the recipes train (once more with Qwen2
                     let into the models Unsloth captures) and on a Llama of the same widths; outputs must be equal
 
-and, by name only (``--parts update_prefix,rollout_engines``), benchmarks for a GPU with time left (issues 65, 66):
+and, by name only (``--parts update_prefix,update_unsloth,rollout_engines``), benchmarks for a GPU with time left
+(issues 65, 66):
 
   update_prefix     one update of a group of G = 8 trajectories at the paper's shapes (a real task's 5k-token opening
                     under the official view, completions of three model and two environment messages) on the peft-4bit
@@ -32,6 +33,9 @@ and, by name only (``--parts update_prefix,rollout_engines``), benchmarks for a 
                     trajectory against each group's prompt computed once (grpo.shared_prefix): seconds, peak memory,
                     tokens the decoder read (on a GPU the suffixes' graphs are kept, so each suffix is read once a
                     pass), the ratios, and how far the LoRA gradients of the two ways differ
+  update_unsloth    the same update on Unsloth, one trajectory a pass (peft stands in on a CPU): its seconds, peak and
+                    tokens read against update_prefix's two ways (run first into the same OUT), and its gradients
+                    against the shared prefix's: whether Unsloth's kernels outrun the shared prefix (docs/gpu.md)
   rollout_engines   the same greedy episodes, G = 8 of that task (2 turns, up to 4 messages of 48 tokens) on the same
                     peft-4bit policy at Qwen2.5-7B's widths (2 layers), played by chunked ``generate`` and by
                     ``rollout.backend: paged`` (benchmarks/rollout_engines.py): seconds, tokens read, peaks, ratios
@@ -68,11 +72,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))  # tests.support: the scripted generation of the resume tests
 
 PARTS = ["run_resume", "eval_base", "engine_logprobs", "decode_graphs"]
-BENCHMARKS = ["update_prefix", "rollout_engines"]  # run by name (--parts), after the parts, on a GPU with time left
+BENCHMARKS = ["update_prefix", "update_unsloth", "rollout_engines"]  # run by name (--parts), after the parts, on a GPU with time left
 # seconds each part may take on a GPU (the parts sum to 6 minutes; Unsloth's first step compiles for about a
 # minute); on a shared 2-core CPU the tiny models take longer: x4
 LIMITS = {"run_resume": 170, "eval_base": 40, "engine_logprobs": 80, "decode_graphs": 60, "update_prefix": 120,
-          "rollout_engines": 180}
+          "update_unsloth": 120, "rollout_engines": 180}
 CPU_SCALE = 4
 TASKS = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2"]  # their prompts differ in length
 HELD_OUT = ["multi_turn_base_100"]  # run_resume's validation slice
@@ -226,6 +230,54 @@ def decode_graphs(ctx: Context, result: dict) -> bool:
 def update_prefix(ctx: Context, result: dict) -> bool:
     """The update one pass per trajectory, then with each group's prompt computed once, on the same batch in this
     process: the seconds and peak memory of each, and the relative difference of their LoRA gradients."""
+    import torch
+
+    gradients = {}
+    for way, shared in (("per_trajectory", False), ("shared_prefix", True)):
+        gradients[way] = {}
+        result[way] = time_update(ctx, way, "peft" if ctx.cpu else "peft-4bit", shared, gradients[way])
+        ctx.save(result)
+    torch.save(gradients["shared_prefix"], ctx.work / "update-prefix-gradients.pt")  # for update_unsloth
+    relative, norm = gradient_gap(gradients["per_trajectory"], gradients["shared_prefix"])
+    tolerance = 1e-3 if result["shared_prefix"]["dtype"] == "torch.float32" else 0.3  # as gpu_check's parity
+    result |= {"speedup": round(result["per_trajectory"]["seconds"] / result["shared_prefix"]["seconds"], 2),
+               "read_ratio": round(result["per_trajectory"]["read_tokens"] / result["shared_prefix"]["read_tokens"], 2),
+               "relative_gradient_difference": float(f"{relative:.3g}"), "gradient_norm": float(f"{norm:.3g}"),
+               "tolerance": tolerance}
+    return result["shared_prefix"]["shared_prefix"] and norm > 0 and relative <= tolerance
+
+
+def update_unsloth(ctx: Context, result: dict) -> bool:
+    """The same update on Unsloth (one trajectory a pass, its own kernels; on a CPU, where Unsloth cannot run, peft
+    stands in): its seconds and peak against update_prefix's two ways when that part ran first into the same OUT,
+    and its LoRA gradients against the shared prefix's. The one figure that says which backend's update is faster."""
+    import torch
+
+    ctx.import_backend()
+    gradients = {}
+    result["unsloth"] = time_update(ctx, "unsloth", "peft" if ctx.cpu else "unsloth", False, gradients)
+    ctx.save(result)
+    earlier = ctx.out / "update_prefix.json"
+    ways = json.loads(earlier.read_text()) if earlier.exists() else {}
+    for way in ("per_trajectory", "shared_prefix"):
+        if "seconds" in ways.get(way, {}):
+            result[f"unsloth_over_{way}"] = round(result["unsloth"]["seconds"] / ways[way]["seconds"], 2)
+    saved = ctx.work / "update-prefix-gradients.pt"
+    norm = gradient_gap(gradients, gradients)[1]
+    if saved.exists():
+        shared = torch.load(saved, weights_only=True)
+        common = {name: gradients[name] for name in gradients if name in shared}
+        result["gradients_compared"] = f"{len(common)} of {len(gradients)}"
+        if common:
+            result["relative_gradient_difference"] = float(f"{gradient_gap(common, shared)[0]:.3g}")
+    return result["unsloth"]["seconds"] > 0 and norm > 0
+
+
+def time_update(ctx: Context, way: str, backend: str, shared: bool, gradients: dict) -> dict:
+    """One update of G = 8 paper-shaped trajectories (a real task's 5k-token opening under the official view) at
+    Qwen2.5-7B's widths, 2 layers (the tiny model on a CPU), on ``backend``, with or without the shared prefix:
+    its seconds, peak and the tokens the decoder read; the LoRA gradients before the optimizer steps go into
+    ``gradients``."""
     import gc
 
     import torch
@@ -237,64 +289,58 @@ def update_prefix(ctx: Context, result: dict) -> bool:
     from seal_lite.training.grpo import build_trainer
 
     model_dir = ctx.model_dir("qwen2", "7b")
-    gradients = {}
-    for way, shared in (("per_trajectory", False), ("shared_prefix", True)):
-        recipe = load_recipe(None, ctx.policy_overrides(model_dir) | {
-            "policy.backend": "peft" if ctx.cpu else "peft-4bit", "policy.gradient_checkpointing": True,
-            "data.task_ids": [TASK], "rollout.num_generations": 8, "rollout.max_context_tokens": 16384,
-            "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.shared_prefix": shared, "grpo.max_grad_norm": 1e9})
-        policy = load_policy(model_dir, recipe)
-        batch = rollout_batch(policy.tokenizer, 8, None)
-        gradients[way] = {}
+    recipe = load_recipe(None, ctx.policy_overrides(model_dir) | {
+        "policy.backend": backend, "policy.gradient_checkpointing": True,
+        "data.task_ids": [TASK], "rollout.num_generations": 8, "rollout.max_context_tokens": 16384,
+        "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.shared_prefix": shared, "grpo.max_grad_norm": 1e9})
+    policy = load_policy(model_dir, recipe)
+    batch = rollout_batch(policy.tokenizer, 8, None)
 
-        class Gradients(TrainerCallback):  # after the micro-batches' gradients add up, before the optimizer steps
-            def __init__(self, captured: dict):
-                self.captured = captured
+    class Gradients(TrainerCallback):  # after the micro-batches' gradients add up, before the optimizer steps
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            gradients.update({n: p.grad.detach().float().cpu() for n, p in model.named_parameters()
+                              if "lora_" in n and p.grad is not None})
 
-            def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-                self.captured.update({n: p.grad.detach().float().cpu() for n, p in model.named_parameters()
-                                      if "lora_" in n})
+    trainer = build_trainer(policy, recipe, [TASK], lambda prompts, batch=batch: batch, str(ctx.work / f"trl-{way}"),
+                            callbacks=[Gradients()])
+    trainer.args.save_strategy = "no"
+    with torch.no_grad():  # a non-zero adapter, as update_speed.py has it: the KL term counts
+        for name, parameter in trainer.model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)) * 1e-3)
+    read = [0]  # tokens the decoder embeds, every pass and recompute included
+    counter = trainer.model.get_input_embeddings().register_forward_pre_hook(
+        lambda module, args: read.__setitem__(0, read[0] + args[0].numel()))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    trainer.train()
+    if cuda:
+        torch.cuda.synchronize()
+    counter.remove()
+    row = {"seconds": round(time.perf_counter() - started, 2), "backend": policy.backend,
+           "shared_prefix": trainer.shared_prefix, "read_tokens": read[0],
+           "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+           "prompt_tokens": len(batch.prompt_ids[0]), "completion_tokens": sum(map(len, batch.completion_ids)),
+           "dtype": str(policy.dtype)}
+    del trainer, policy
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
 
-        trainer = build_trainer(policy, recipe, [TASK], lambda prompts, batch=batch: batch,
-                                str(ctx.work / f"trl-{way}"), callbacks=[Gradients(gradients[way])])
-        trainer.args.save_strategy = "no"
-        with torch.no_grad():  # a non-zero adapter, as update_speed.py has it: the KL term counts
-            for name, parameter in trainer.model.named_parameters():
-                if "lora_B" in name:
-                    parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)) * 1e-3)
-        read = [0]  # tokens the decoder embeds, every pass and recompute included
-        embeddings = trainer.model.get_input_embeddings()
-        counter = embeddings.register_forward_pre_hook(
-            lambda module, args, read=read: read.__setitem__(0, read[0] + args[0].numel()))
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        started = time.perf_counter()
-        trainer.train()
-        if cuda:
-            torch.cuda.synchronize()
-        counter.remove()
-        result[way] = {"seconds": round(time.perf_counter() - started, 2), "shared_prefix": trainer.shared_prefix,
-                       "read_tokens": read[0],
-                       "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-                       "prompt_tokens": len(batch.prompt_ids[0]),
-                       "completion_tokens": sum(map(len, batch.completion_ids)), "dtype": str(policy.dtype)}
-        ctx.save(result)
-        del trainer, policy
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
-    reference, shared = gradients["per_trajectory"], gradients["shared_prefix"]
-    difference = torch.stack([(shared[n] - reference[n]).pow(2).sum() for n in reference]).sum().sqrt()
+
+def gradient_gap(reference: dict, other: dict) -> tuple[float, float]:
+    """(|other - reference| / |reference|, |reference|), the LoRA gradients taken as one vector each."""
+    import torch
+
+    if not reference:
+        return float("nan"), 0.0
+    difference = torch.stack([(other[n] - reference[n]).pow(2).sum() for n in reference]).sum().sqrt()
     norm = torch.stack([g.pow(2).sum() for g in reference.values()]).sum().sqrt()
-    relative = float(difference / norm)
-    tolerance = 1e-3 if result["shared_prefix"]["dtype"] == "torch.float32" else 0.3  # as gpu_check's parity
-    result |= {"speedup": round(result["per_trajectory"]["seconds"] / result["shared_prefix"]["seconds"], 2),
-               "read_ratio": round(result["per_trajectory"]["read_tokens"] / result["shared_prefix"]["read_tokens"], 2),
-               "relative_gradient_difference": float(f"{relative:.3g}"), "gradient_norm": float(f"{float(norm):.3g}"),
-               "tolerance": tolerance}
-    return result["shared_prefix"]["shared_prefix"] and float(norm) > 0 and relative <= tolerance
+    return float(difference / norm), float(norm)
 
 
 def rollout_engines(ctx: Context, result: dict) -> bool:

@@ -51,16 +51,24 @@ def test_a_part_that_fails_leaves_its_reason_and_the_next_part_still_runs(tmp_pa
     assert json.loads((tmp_path / "decode_graphs.json").read_text())["ok"] is True
 
 
-def test_the_update_benchmark_compares_the_two_ways_on_one_batch(tmp_path):
-    """--parts update_prefix: the same group of 8 paper-shaped trajectories updated one pass per trajectory and with
-    its prompt computed once; the gradients agree (fp32 here) and the shared prefix really ran."""
-    done = gpu_e2e(tmp_path, "--parts", "update_prefix")
+def test_the_update_benchmarks_compare_the_ways_on_one_batch(tmp_path):
+    """--parts update_prefix,update_unsloth: the same group of 8 paper-shaped trajectories updated one pass per
+    trajectory and with its prompt computed once; the gradients agree (fp32 here) and the shared prefix really ran,
+    reading the opening once. Then the Unsloth part (peft stands in on a CPU) is timed against both and its
+    gradients compared with the shared prefix's."""
+    done = gpu_e2e(tmp_path, "--parts", "update_prefix,update_unsloth")
     assert done.returncode == 0, done.stdout + done.stderr
     row = json.loads((tmp_path / "update_prefix.json").read_text())
     assert row["shared_prefix"]["shared_prefix"] and not row["per_trajectory"]["shared_prefix"]
     assert row["shared_prefix"]["prompt_tokens"] > 4000 and row["gradient_norm"] > 0
     assert row["relative_gradient_difference"] <= 1e-3 and row["speedup"] > 0
     assert row["read_ratio"] > 3  # the opening once a group: a 5k-token opening against completions of a few hundred
+    unsloth = json.loads((tmp_path / "update_unsloth.json").read_text())
+    assert unsloth["ok"] and unsloth["unsloth"]["backend"] == "peft" and not unsloth["unsloth"]["shared_prefix"]
+    assert unsloth["unsloth"]["read_tokens"] == row["per_trajectory"]["read_tokens"]
+    assert unsloth["unsloth_over_shared_prefix"] > 0 and unsloth["unsloth_over_per_trajectory"] > 0
+    assert unsloth["gradients_compared"].split(" of ")[0] == unsloth["gradients_compared"].split(" of ")[1] != "0"
+    assert unsloth["relative_gradient_difference"] <= 1e-3
 
 
 def test_the_rollout_benchmark_plays_the_same_episodes_with_both_engines(tmp_path):
