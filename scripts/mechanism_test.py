@@ -496,6 +496,7 @@ def measure_state(design: Design, state: int) -> None:
                     model, tokenizer, actions, declines, interface, gradients=False)[0]["J1"], values["J1"])
                     for arm in ("vanilla", "seal")}
             write_record(design, name, record)
+            release_freed_memory()
 
 
 SCHEMA_CAUSES = ("invalid_tool_call", "argument_mismatch")  # the failures φ_schema's cues are meant to prevent
@@ -578,6 +579,19 @@ def cosine(a: dict, b: dict) -> float:
 def machine(model) -> dict:
     """The CPU (as every CPU experiment's records name it) and the dtype a record was measured in."""
     return {"machine": cpu_machine(), "dtype": str(model.dtype).removeprefix("torch.")}
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc's malloc_trim): a batch's tensors of varying sizes
+    fragment the heap, and the process's resident size otherwise grew by gigabytes over a state's batches."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):
+        ctypes.CDLL(libc).malloc_trim(0)
 
 
 def write_record(design: Design, name: str, record: dict) -> None:
