@@ -230,11 +230,12 @@ def trainable(model) -> dict:
     return {name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad}
 
 
-def gradient_of(value, parameters: dict) -> dict:
-    """d value / d parameters, zeros where the value does not depend on a parameter."""
+def gradient_of(value, parameters: dict, retain: bool = False) -> dict:
+    """d value / d parameters, zeros where the value does not depend on a parameter; ``retain``: keep the graph for
+    another value of the same forward pass (else it is freed at once: a 2k-token pass's graph is gigabytes)."""
     import torch
 
-    grads = torch.autograd.grad(value, list(parameters.values()), allow_unused=True, retain_graph=True)
+    grads = torch.autograd.grad(value, list(parameters.values()), allow_unused=True, retain_graph=retain)
     return {name: (g if g is not None else torch.zeros_like(p)).detach()
             for (name, p), g in zip(parameters.items(), grads)}
 
@@ -285,21 +286,23 @@ def probe_objectives(model, tokenizer, actions: list, declines: list, interface,
     parameters, opener = trainable(model), tokenizer(TOOL_CALL_OPEN, add_special_tokens=False)["input_ids"][0]
     values, grads = {"J1": 0.0, "J2": 0.0, "J3": 0.0}, {"J1": None, "J2": None, "J3": None}
 
-    def add(name: str, value, count: int) -> None:
+    def add(name: str, value, count: int, retain: bool = False) -> None:
         values[name] += float(value.detach()) / count
         if gradients:
-            grads[name] = add_into(grads[name], gradient_of(value, parameters), 1 / count)
+            grads[name] = add_into(grads[name], gradient_of(value, parameters, retain), 1 / count)
 
     with torch.enable_grad() if gradients else torch.no_grad():
         for task in actions:
             target = tokenizer(strict_answer(task.ground_truth[0]), add_special_tokens=False)["input_ids"]
             chosen, first = completion_logprobs(model, opening_ids(tokenizer, task, interface),
                                                 target + [tokenizer.eos_token_id])
-            add("J1", chosen.sum(), len(actions))
+            add("J1", chosen.sum(), len(actions), retain=True)  # J2 comes from the same forward pass
             add("J2", first[opener], len(actions))
+            del chosen, first  # before the next pass: one graph alive at a time
         for task in declines:
             _, first = completion_logprobs(model, opening_ids(tokenizer, task, interface), [tokenizer.eos_token_id])
             add("J3", torch.log1p(-first[opener].exp()), len(declines))
+            del first
     return values, grads
 
 
