@@ -585,8 +585,8 @@ def machine(model) -> dict:
 
 
 def release_freed_memory() -> None:
-    """Hand the heap's freed pages back to the system (glibc's malloc_trim): a batch's tensors of varying sizes
-    fragment the heap, and the process's resident size otherwise grew by gigabytes over a state's batches."""
+    """After a batch, hand the heap's freed pages back to the system (glibc's malloc_trim): its passes' tensors
+    differ in size from batch to batch, and freed ones otherwise stay resident in a fragmented heap."""
     import ctypes
     import ctypes.util
     import gc
