@@ -10,9 +10,9 @@ imports it) and writes ``OUT/<part>.json`` as it goes: a part stopped at its lim
 
   run_resume        the real ``seal-lite run`` CLI on the GPU recipes' backend, peft-4bit (peft on a CPU): 3 steps of
                     2 real BFCL tasks, killed with SIGKILL once step 1's checkpoint is committed, then the same command
-                    again, which must resume after the committed step and finish: each step stored and committed once, one checkpoint
-                    directory kept (grpo.keep_checkpoints 1), the LoRA moved on the steps that had a learning signal,
-                    no fall-back in the run's log;
+                    again, which must resume after the committed step and finish: each step stored and committed
+                    once, one checkpoint directory kept (grpo.keep_checkpoints 1), the LoRA moved on the steps that
+                    had a learning signal, no fall-back in the run's log;
                     validation during training on one held-out task under BFCL's view, before the first step and
                     after each: one validation a step, and a best adapter kept
   eval_base         ``seal-lite eval RUN --base --tasks 1``: the trained adapter and the base model, greedy, in one process
@@ -72,7 +72,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))  # tests.support: the scripted generation of the resume tests
 
 PARTS = ["run_resume", "eval_base", "engine_logprobs", "decode_graphs"]
-BENCHMARKS = ["update_prefix", "update_unsloth", "rollout_engines"]  # run by name (--parts), after the parts, on a GPU with time left
+# run by name (--parts), after the parts, on a GPU with time left
+BENCHMARKS = ["update_prefix", "update_unsloth", "rollout_engines"]
 # seconds each part may take on a GPU (the parts sum to 6 minutes; Unsloth's first step compiles for about a
 # minute); on a shared 2-core CPU the tiny models take longer: x4
 LIMITS = {"run_resume": 170, "eval_base": 40, "engine_logprobs": 80, "decode_graphs": 60, "update_prefix": 120,
