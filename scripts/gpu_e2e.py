@@ -236,7 +236,7 @@ def update_prefix(ctx: Context, result: dict) -> bool:
     gradients = {}
     for way, shared in (("per_trajectory", False), ("shared_prefix", True)):
         gradients[way] = {}
-        result[way] = time_update(ctx, way, "peft" if ctx.cpu else "peft-4bit", shared, gradients[way])
+        result[way] = time_update(ctx, way, "peft-4bit", shared, gradients[way])
         ctx.save(result)
     torch.save(gradients["shared_prefix"], ctx.work / "update-prefix-gradients.pt")  # for update_unsloth
     relative, norm = gradient_gap(gradients["per_trajectory"], gradients["shared_prefix"])
@@ -256,7 +256,7 @@ def update_unsloth(ctx: Context, result: dict) -> bool:
 
     ctx.import_backend()
     gradients = {}
-    result["unsloth"] = time_update(ctx, "unsloth", "peft" if ctx.cpu else "unsloth", False, gradients)
+    result["unsloth"] = time_update(ctx, "unsloth", "unsloth", False, gradients)
     ctx.save(result)
     earlier = ctx.out / "update_prefix.json"
     ways = json.loads(earlier.read_text()) if earlier.exists() else {}
@@ -264,21 +264,20 @@ def update_unsloth(ctx: Context, result: dict) -> bool:
         if "seconds" in ways.get(way, {}):
             result[f"unsloth_over_{way}"] = round(result["unsloth"]["seconds"] / ways[way]["seconds"], 2)
     saved = ctx.work / "update-prefix-gradients.pt"
-    norm = gradient_gap(gradients, gradients)[1]
     if saved.exists():
         shared = torch.load(saved, weights_only=True)
         common = {name: gradients[name] for name in gradients if name in shared}
         result["gradients_compared"] = f"{len(common)} of {len(gradients)}"
         if common:
             result["relative_gradient_difference"] = float(f"{gradient_gap(common, shared)[0]:.3g}")
-    return result["unsloth"]["seconds"] > 0 and norm > 0
+    return result["unsloth"]["seconds"] > 0 and gradient_norm(gradients) > 0
 
 
 def time_update(ctx: Context, way: str, backend: str, shared: bool, gradients: dict) -> dict:
     """One update of G = 8 paper-shaped trajectories (a real task's 5k-token opening under the official view) at
     Qwen2.5-7B's widths, 2 layers (the tiny model on a CPU), on ``backend``, with or without the shared prefix:
     its seconds, peak and the tokens the decoder read; the LoRA gradients before the optimizer steps go into
-    ``gradients``."""
+    ``gradients``. On a CPU peft stands in for ``backend`` (``Context.policy_overrides``)."""
     import gc
 
     import torch
@@ -290,8 +289,8 @@ def time_update(ctx: Context, way: str, backend: str, shared: bool, gradients: d
     from seal_lite.training.grpo import build_trainer
 
     model_dir = ctx.model_dir("qwen2", "7b")
-    recipe = load_recipe(None, ctx.policy_overrides(model_dir) | {
-        "policy.backend": backend, "policy.gradient_checkpointing": True,
+    recipe = load_recipe(None, ctx.policy_overrides(model_dir, backend) | {
+        "policy.gradient_checkpointing": True,
         "data.task_ids": [TASK], "rollout.num_generations": 8, "rollout.max_context_tokens": 16384,
         "grpo.tasks_per_step": 1, "grpo.steps": 1, "grpo.shared_prefix": shared, "grpo.max_grad_norm": 1e9})
     policy = load_policy(model_dir, recipe)
@@ -333,15 +332,16 @@ def time_update(ctx: Context, way: str, backend: str, shared: bool, gradients: d
     return row
 
 
-def gradient_gap(reference: dict, other: dict) -> tuple[float, float]:
-    """(|other - reference| / |reference|, |reference|), the LoRA gradients taken as one vector each."""
-    import torch
+def gradient_norm(gradients: dict) -> float:
+    """The LoRA gradients' norm, taken as one vector (0 when none was captured)."""
+    return sum(float(g.pow(2).sum()) for g in gradients.values()) ** 0.5
 
-    if not reference:
-        return float("nan"), 0.0
-    difference = torch.stack([(other[n] - reference[n]).pow(2).sum() for n in reference]).sum().sqrt()
-    norm = torch.stack([g.pow(2).sum() for g in reference.values()]).sum().sqrt()
-    return float(difference / norm), float(norm)
+
+def gradient_gap(reference: dict, other: dict) -> tuple[float, float]:
+    """(|other - reference| / |reference|, |reference|) over ``reference``'s parameters, as one vector each."""
+    norm = gradient_norm(reference)
+    difference = gradient_norm({n: other[n] - reference[n] for n in reference})
+    return (difference / norm if norm else float("nan")), norm
 
 
 def rollout_engines(ctx: Context, result: dict) -> bool:
@@ -358,8 +358,8 @@ def rollout_engines(ctx: Context, result: dict) -> bool:
     from seal_lite.envs.bfcl import load_tasks
 
     model_dir = ctx.model_dir("qwen2", "7b")
-    recipe = load_recipe(None, ctx.policy_overrides(model_dir) | {
-        "policy.backend": "peft" if ctx.cpu else "peft-4bit", "data.task_ids": [ENGINE_TASK],
+    recipe = load_recipe(None, ctx.policy_overrides(model_dir, "peft-4bit") | {
+        "data.task_ids": [ENGINE_TASK],
         "grpo.tasks_per_step": 1, "rollout.num_generations": 8, "rollout.max_turns": 2, "rollout.max_model_calls": 4,
         "rollout.max_new_tokens": 48, "rollout.max_context_tokens": 16384, "rollout.backend": "paged"})
     policy = load_policy(model_dir, recipe)
@@ -401,10 +401,11 @@ class Context:
             gpu_memory.random_model_dir(shape, str(directory), family=family)
         return str(directory)
 
-    def policy_overrides(self, model_dir: str) -> dict:
+    def policy_overrides(self, model_dir: str, backend: str = "unsloth") -> dict:
+        """The policy on ``backend`` on a GPU; on a CPU peft in fp32 stands in for every backend."""
         if self.cpu:
             return {"policy.model": model_dir, "policy.backend": "peft", "policy.dtype": "float32"}
-        return {"policy.model": model_dir, "policy.backend": "unsloth", "policy.device": "gpu"}
+        return {"policy.model": model_dir, "policy.backend": backend, "policy.device": "gpu"}
 
     def recipe_file(self, diagnoser_url: str) -> Path:
         """The run's recipe: the smallest that trains, plays real BFCL tasks and checkpoints every step."""
@@ -412,8 +413,8 @@ class Context:
 
         from seal_lite.core.recipe import load_recipe
 
-        overrides = self.policy_overrides(self.model_dir()) | {
-            "policy.backend": "peft" if self.cpu else RUN_BACKEND, "name": "gpu-e2e", "seed": 3, "policy.lora_r": 16, "policy.lora_alpha": 32,
+        overrides = self.policy_overrides(self.model_dir(), RUN_BACKEND) | {
+            "name": "gpu-e2e", "seed": 3, "policy.lora_r": 16, "policy.lora_alpha": 32,
             "data.task_ids": TASKS, "grpo.tasks_per_step": 2, "grpo.mini_batches": 2, "grpo.steps": STEPS,
             "grpo.learning_rate": 1e-2, "grpo.keep_checkpoints": 1, "rollout.num_generations": 4,
             "rollout.max_turns": 1, "rollout.max_model_calls": 1, "rollout.max_new_tokens": 16,
@@ -427,11 +428,10 @@ class Context:
         return path
 
     def harness(self, mode: str) -> list[str]:
-        return [sys.executable, str(Path(__file__).resolve()), "--harness", mode, *(["--cpu"] if self.cpu else []),
-                "--"]
+        return [sys.executable, str(Path(__file__).resolve()), "--harness", mode, "--"]
 
 
-def harness_main(mode: str, cpu: bool, arguments: list[str]) -> None:
+def harness_main(arguments: list[str]) -> None:
     """``seal-lite ARGUMENTS`` with the scripted generation (a random model still gets mixed rewards)."""
     from tests.support.scripted_run import script_generation, sometimes_right
 
@@ -641,7 +641,7 @@ def main() -> None:
     parser.add_argument("arguments", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.harness:
-        harness_main(args.harness, args.cpu, args.arguments)
+        harness_main(args.arguments)
     elif args.part:
         run_part(args.part, args.out, args.work, args.cpu)
     else:

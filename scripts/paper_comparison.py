@@ -133,13 +133,14 @@ def plan(seeds: int, overrides: list[str], speed: Speed = Speed()) -> dict:
     shape = KNOWN_SHAPES[recipe.policy.model]
     train, held_out = (episode_cases(recipe.rollout, speed, split) for split in ("train", "eval"))
     episodes = {case: (episode, held_out[case][0], decode_steps) for case, (episode, decode_steps) in train.items()}
+    # the update on Unsloth, one trajectory a pass, beside the recipe's
     unsloth = recipe.model_copy(update={"policy": recipe.policy.model_copy(update={"backend": "unsloth"})})
+    like_truth, _, truth_steps = episodes["like the ground truth"]
     cards = []
     for card in CARDS:
         budget = card_budget(recipe, shape, card)
-        row = {"card": card, "budget": budget, "rows": budget // recipe.rollout.max_context_tokens, "cases": {}}
-        train, _, decode_steps = episodes["like the ground truth"]  # the update on Unsloth: one trajectory a pass
-        row["unsloth_update"] = run_cost(unsloth, shape, card, train, speed, decode_steps)["update"] / 3600
+        row = {"card": card, "budget": budget, "rows": budget // recipe.rollout.max_context_tokens, "cases": {},
+               "unsloth_update": run_cost(unsloth, shape, card, like_truth, speed, truth_steps)["update"] / 3600}
         if card.vllm:
             row["vllm_memory"], row["vllm_cache_tokens"] = card_vllm(recipe, shape, card)
         row["paged_pool_tokens"] = card_paged(recipe, shape, card)

@@ -459,8 +459,9 @@ def print_card_plan(recipe, plan: dict) -> None:
     for case, hours in plan["hours"].items():
         validations = (f" and {hours['validations']} validations ({hours['validation']:,.0f} h)"
                        if hours["validations"] else "")
-        kept = ("" if not plan["shared_prefix"] else ", its suffixes kept for the backward pass"
-                if hours["suffixes_kept"] else ", its suffixes recomputed in the backward pass")
+        kept = ""
+        if plan["shared_prefix"]:
+            kept = f", its suffixes {'kept for' if hours['suffixes_kept'] else 'recomputed in'} the backward pass"
         console.print(f"  hours     episodes {case}: {hours['step']:.2f} h a step, {hours['run']:,.0f} h for the "
                       f"{recipe.grpo.steps} steps{validations} ({hours['update_share']:.0%} of it the update{kept})")
     console.print("            estimated: the speeds are assumptions until a GPU measures them "
