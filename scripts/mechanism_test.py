@@ -36,7 +36,7 @@ import argparse
 import json
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -276,32 +276,38 @@ def opening_ids(tokenizer, task, interface) -> list[int]:
 
 
 def probe_objectives(model, tokenizer, actions: list, declines: list, interface,
-                     gradients: bool = True) -> tuple[dict, dict]:
+                     gradients: bool = True, twinned: Collection[str] = ()) -> tuple[dict, dict]:
     """The held-out objectives at the model's weights and (unless not ``gradients``) their gradients:
-    J1 the mean log p of each action turn's ground truth written strictly (with the end of the message);
+    J1 the mean log p of each action turn's ground truth written strictly (with the end of the message), and J1u
+    the same over the action turns not in ``twinned`` (those whose ground truth a pool task shares);
     J2 the mean log p that an action turn's answer opens a tool call; J3 the mean log p that a decline turn's does
     not. ({name: value}, {name: {parameter: gradient}})."""
     import torch
 
     parameters, opener = trainable(model), tokenizer(TOOL_CALL_OPEN, add_special_tokens=False)["input_ids"][0]
-    values, grads = {"J1": 0.0, "J2": 0.0, "J3": 0.0}, {"J1": None, "J2": None, "J3": None}
+    values, grads = dict.fromkeys(OBJECTIVES + ("J1u",), 0.0), dict.fromkeys(OBJECTIVES + ("J1u",))
+    untwinned = sum(task.id not in twinned for task in actions)
 
-    def add(name: str, value, count: int, retain: bool = False) -> None:
-        values[name] += float(value.detach()) / count
-        if gradients:
-            grads[name] = add_into(grads[name], gradient_of(value, parameters, retain), 1 / count)
+    def add(shares: dict[str, int], value, retain: bool = False) -> None:
+        """``value``'s share of each objective it is averaged into ({name: turns that objective averages})."""
+        gradient = gradient_of(value, parameters, retain) if gradients else None
+        for name, count in shares.items():
+            values[name] += float(value.detach()) / count
+            if gradients:
+                grads[name] = add_into(grads[name], gradient, 1 / count)
 
     with torch.enable_grad() if gradients else torch.no_grad():
         for task in actions:
             target = tokenizer(strict_answer(task.ground_truth[0]), add_special_tokens=False)["input_ids"]
             chosen, first = completion_logprobs(model, opening_ids(tokenizer, task, interface),
                                                 target + [tokenizer.eos_token_id])
-            add("J1", chosen.sum(), len(actions), retain=True)  # J2 comes from the same forward pass
-            add("J2", first[opener], len(actions))
+            shares = {"J1": len(actions)} | ({"J1u": untwinned} if task.id not in twinned else {})
+            add(shares, chosen.sum(), retain=True)  # J2 comes from the same forward pass
+            add({"J2": len(actions)}, first[opener])
             del chosen, first  # before the next pass: one graph alive at a time
         for task in declines:
             _, first = completion_logprobs(model, opening_ids(tokenizer, task, interface), [tokenizer.eos_token_id])
-            add("J3", torch.log1p(-first[opener].exp()), len(declines))
+            add({"J3": len(declines)}, torch.log1p(-first[opener].exp()))
             del first
     return values, grads
 
@@ -425,6 +431,15 @@ def vanilla_states(design: Design) -> dict:
     return record
 
 
+def twinned_probes(design: Design, actions: list) -> set[str]:
+    """The action turns whose first-turn ground truth a pool task shares (its twin)."""
+    from seal_lite.envs.bfcl import load_tasks
+
+    twins = json.loads((design.records / "sets.json").read_text())["pool"]["twins"]
+    truths = {tuple(task.ground_truth[0]) for task in load_tasks(twins)}
+    return {task.id for task in actions if tuple(task.ground_truth[0]) in truths}
+
+
 def state_policy(design: Design, state: int):
     """(model, tokenizer, Adam's moments and step count) of a state: the base model with a fresh LoRA (state 0) or
     the vanilla run's checkpoint, its LoRA trainable."""
@@ -465,7 +480,8 @@ def measure_state(design: Design, state: int) -> None:
     model, tokenizer, (exp_avg, exp_avg_sq, step), recipe = state_policy(design, state)
     interface = TrainingInterface(tool_format=recipe.interface.tool_format)  # the plain view, φ's off
     actions, declines = load_tasks(design.read_set("probe")), load_tasks(design.read_set("abstain"))
-    values, objective_grads = probe_objectives(model, tokenizer, actions, declines, interface)
+    values, objective_grads = probe_objectives(model, tokenizer, actions, declines, interface,
+                                               twinned=twinned_probes(design, actions))
     write_record(design, f"probes-state{state}.json", {"state": state, "adam_step": step, "values": values,
                                                         **machine(model)})
     pool = [task.truncated(1) for task in load_tasks(design.read_set("pool"))]
@@ -492,7 +508,8 @@ def measure_state(design: Design, state: int) -> None:
             for arm, grads in surrogate_gradients(model, trajectories, advantages).items():
                 grads = clip_to_norm(grads, design.max_grad_norm)
                 changes[arm] = adam_change(grads, exp_avg, exp_avg_sq, step, design.learning_rate)
-                record["delta"][arm] = {k: first_order_change(objective_grads[k], changes[arm]) for k in OBJECTIVES}
+                record["delta"][arm] = {k: first_order_change(grads, changes[arm])
+                                        for k, grads in objective_grads.items() if grads is not None}
             record["cosine"] = {arm: cosine(changes["vanilla"], changes[arm]) for arm in ARMS if arm != "vanilla"}
             if batch < design.checked:
                 record["check"] = {arm: real_change(model, changes[arm], lambda: probe_objectives(
@@ -618,6 +635,18 @@ def result(records: Path) -> dict:
                "R_interval_batches": clustered_interval([[pair for pairs in by_state.values() for pair in pairs]]),
                "sign_flip_p": sign_flip_p([s - v for s, v in zip(seal, vanilla)])}
     figures["stop"] = figures["R_interval"][1] < 0.15  # the pre-registered decision rule
+    # power: the spread between batches of each batch's relative effect, (SEAL - vanilla) / vanilla's mean
+    scale = sum(vanilla) / len(vanilla)
+    relative = [(s - v) / scale for s, v in zip(seal, vanilla)]
+    mean = sum(relative) / len(relative)
+    figures["batch_sd"] = (sum((r - mean) ** 2 for r in relative) / max(len(relative) - 1, 1)) ** 0.5
+    figures["R_by_state"] = {state: relative_gain(*zip(*pairs)) for state, pairs in by_state.items()}
+    figures["cosine"] = {arm: sum(b["cosine"][arm] for b in batches) / len(batches)
+                         for arm in ARMS if arm != "vanilla" and all("cosine" in b for b in batches)}
+    untwinned = [b for b in batches if "J1u" in b["delta"]["vanilla"]]  # recorded from state 2 on (an amendment)
+    if untwinned:
+        figures["R_untwinned"] = {"batches": len(untwinned), "R": relative_gain(
+            [b["delta"]["seal"]["J1u"] for b in untwinned], [b["delta"]["vanilla"]["J1u"] for b in untwinned])}
     figures["secondary"] = {arm: {k: sum(b["delta"][arm][k] - b["delta"]["vanilla"][k] for b in batches)
                                   / len(batches) for k in OBJECTIVES} for arm in ARMS if arm != "vanilla"}
     checks = [(arm, b["check"][arm], b["delta"][arm]["J1"]) for b in batches if "check" in b for arm in b["check"]]
@@ -659,8 +688,14 @@ def summary(design: Design) -> None:
     else:
         print("decision: " + ("stop, the interval lies below +0.15" if figures["stop"] else
                               "the interval reaches +0.15: pre-register the outcome test"))
+    print(f"between batches, the SD of (SEAL - vanilla) / vanilla's mean: {figures['batch_sd']:.3f}; R by state: "
+          + ", ".join(f"{state} {r:+.3f}" for state, r in figures["R_by_state"].items()))
+    if "R_untwinned" in figures:
+        print(f"R on the probes without a pool twin ({figures['R_untwinned']['batches']} batches): "
+              f"{figures['R_untwinned']['R']:+.3f}")
     for arm, deltas in figures["secondary"].items():
-        print(f"{arm} - vanilla, mean per batch: " + ", ".join(f"{k} {v:+.3g}" for k, v in deltas.items()))
+        print(f"{arm} - vanilla, mean per batch: " + ", ".join(f"{k} {v:+.3g}" for k, v in deltas.items())
+              + (f"; cosine of the updates {figures['cosine'][arm]:.3f}" if arm in figures["cosine"] else ""))
     check = figures["check"]
     print(f"first-order check: signs agree in {check['signs_agree']} of {check['pairs']}; real / first-order: "
           + ", ".join(f"{ratio:.2f}" for ratio in check["ratios"]))

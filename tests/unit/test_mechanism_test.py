@@ -133,8 +133,12 @@ def test_the_objectives_gradients_predict_their_change_and_the_strict_answer_par
         strict = parse_calls(mechanism.strict_answer(task.ground_truth[0]), "strict")
         assert [call.to_python() for call in strict.calls] == [call.to_python() for text in task.ground_truth[0]
                                                                for call in parse_calls(text).calls]
-    values, grads = mechanism.probe_objectives(model, tokenizer, actions, declines, signatures())
+    values, grads = mechanism.probe_objectives(model, tokenizer, actions, declines, signatures(),
+                                               twinned={actions[0].id})
     assert values["J1"] < values["J2"] < 0 and values["J3"] < 0
+    alone, alone_grads = mechanism.probe_objectives(model, tokenizer, actions[1:], [], signatures())
+    assert values["J1u"] == pytest.approx(alone["J1"])  # J1 over the untwinned turn alone, from the same passes
+    assert all(torch.allclose(grads["J1u"][name], alone_grads["J1"][name]) for name in grads["J1u"])
     generator = torch.Generator().manual_seed(2)
     step = {name: torch.randn(p.shape, generator=generator, dtype=p.dtype) * 1e-4
             for name, p in mechanism.trainable(model).items()}
@@ -208,6 +212,7 @@ def test_the_result_is_read_from_the_records_with_its_decision_and_fallback(tmp_
     """Hand-made batch records: SEAL's J1 change is 1.5 x vanilla's in every batch, so R = +0.5 exactly, the interval
     collapses onto it and the rule does not stop; the checks disagree in sign, so the fallback reads R on them."""
     import json
+    import statistics
 
     for state in (0, 1):
         for batch in range(3):
@@ -215,13 +220,22 @@ def test_the_result_is_read_from_the_records_with_its_decision_and_fallback(tmp_
             record = {"state": state, "batch": batch,
                       "delta": {"vanilla": {"J1": vanilla, "J2": 0.0, "J3": 0.0},
                                 "seal": {"J1": 1.5 * vanilla, "J2": 0.1, "J3": -0.1},
-                                "seal_base": {"J1": 1.2 * vanilla, "J2": 0.0, "J3": 0.0}}}
+                                "seal_base": {"J1": 1.2 * vanilla, "J2": 0.0, "J3": 0.0}},
+                      "cosine": {"seal": 0.9, "seal_base": 0.5 + 0.1 * state}}
+            if state == 1:  # J1u recorded from state 1 on: SEAL's change is vanilla's there
+                for arm in ("vanilla", "seal", "seal_base"):
+                    record["delta"][arm]["J1u"] = vanilla
             if batch == 0:
                 record["check"] = {"vanilla": -vanilla, "seal": -3 * vanilla}  # real changes of the other sign
             (tmp_path / f"batch-state{state}-{batch}.json").write_text(json.dumps(record))
     figures = mechanism.result(tmp_path)
     assert figures["batches"] == 6 and figures["R"] == pytest.approx(0.5)
     assert figures["R_interval"] == pytest.approx((0.5, 0.5)) and figures["stop"] is False
+    # every batch's relative effect is 0.5 x its vanilla change over vanilla's mean, 0.01 x (1..4) / 0.025
+    assert figures["batch_sd"] == pytest.approx(0.2 * statistics.stdev([1, 2, 3, 2, 3, 4]))
+    assert figures["R_by_state"] == pytest.approx({0: 0.5, 1: 0.5})
+    assert figures["cosine"] == pytest.approx({"seal": 0.9, "seal_base": 0.55})
+    assert figures["R_untwinned"] == {"batches": 3, "R": pytest.approx(0.0)}
     assert figures["secondary"]["seal"]["J2"] == pytest.approx(0.1) and figures["secondary"]["seal_base"]["J1"] > 0
     assert figures["check"]["pairs"] == 4 and figures["check"]["signs_agree"] == 0
     assert figures["first_order_reliable"] is False and figures["R_real"] == pytest.approx(2.0)
