@@ -435,8 +435,7 @@ def twinned_probes(design: Design, actions: list) -> set[str]:
     """The action turns whose first-turn ground truth a pool task shares (its twin)."""
     from seal_lite.envs.bfcl import load_tasks
 
-    twins = json.loads((design.records / "sets.json").read_text())["pool"]["twins"]
-    truths = {tuple(task.ground_truth[0]) for task in load_tasks(twins)}
+    truths = {tuple(task.ground_truth[0]) for task in load_tasks(design.read_set("pool"))}
     return {task.id for task in actions if tuple(task.ground_truth[0]) in truths}
 
 
@@ -477,6 +476,9 @@ def measure_state(design: Design, state: int) -> None:
     from seal_lite.step.rollout import rollout_groups
     from seal_lite.step.verifier import diagnose_episode
 
+    names = [f"batch-state{state}-{batch}.json" for batch in range(design.batches)]
+    if all((design.records / name).exists() for name in names):
+        return  # measured: its probe gradients would only be taken again
     model, tokenizer, (exp_avg, exp_avg_sq, step), recipe = state_policy(design, state)
     interface = TrainingInterface(tool_format=recipe.interface.tool_format)  # the plain view, φ's off
     actions, declines = load_tasks(design.read_set("probe")), load_tasks(design.read_set("abstain"))
@@ -487,8 +489,7 @@ def measure_state(design: Design, state: int) -> None:
     pool = [task.truncated(1) for task in load_tasks(design.read_set("pool"))]
     rollout = recipe.rollout.model_copy(update={"num_generations": design.group})
     with rollout_engine(recipe, model, tokenizer, design.work / f"engine-{state}", None) as (generator, sync):
-        for batch in range(design.batches):
-            name = f"batch-state{state}-{batch}.json"
+        for batch, name in enumerate(names):
             if (design.records / name).exists():
                 continue
             seed = 1000 * state + batch

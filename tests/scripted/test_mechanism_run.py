@@ -47,6 +47,8 @@ def test_the_parts_record_every_figure_and_resume(design, capsys):
     assert len(batch["tasks"]) == 2 and [len(r) for r in batch["rewards"]] == [2, 2]
     assert set(batch["delta"]) == {"vanilla", "seal", "seal_base"} and "check" in batch
     assert all(isinstance(v, float) for arm in batch["delta"].values() for v in arm.values())
+    assert not mechanism.twinned_probes(design, load_tasks(SETS["probe"]))  # so J1u is J1 here
+    assert all(arm["J1u"] == pytest.approx(arm["J1"]) for arm in batch["delta"].values())
     assert "check" not in json.loads((design.records / "batch-state1-1.json").read_text())  # only the first
 
     figures = mechanism.result(design.records)
@@ -55,9 +57,13 @@ def test_the_parts_record_every_figure_and_resume(design, capsys):
     assert 0 < figures["sign_flip_p"] <= 1 and isinstance(figures["stop"], bool)
     assert isinstance(figures["first_order_reliable"], bool) and "R_real" in figures
 
-    before = {path.name: path.stat().st_mtime_ns for path in design.records.glob("batch-*.json")}
-    mechanism.measure_state(design, 1)  # resumes: its batches are recorded, so none is played again
-    assert {path.name: path.stat().st_mtime_ns for path in design.records.glob("batch-*.json")} == before
+    before = {path.name: path.stat().st_mtime_ns for path in design.records.glob("*.json")}
+    mechanism.measure_state(design, 1)  # resumes: its batches are recorded, so nothing is played or taken again
+    assert {path.name: path.stat().st_mtime_ns for path in design.records.glob("*.json")} == before
+    (design.records / "batch-state1-1.json").unlink()
+    mechanism.measure_state(design, 1)  # one batch missing: the state's probes again, then that batch alone
+    assert (design.records / "batch-state1-1.json").exists()
+    assert (design.records / "batch-state1-0.json").stat().st_mtime_ns == before["batch-state1-0.json"]
 
 
 def test_the_schema_check_plays_each_task_both_ways_in_both_views(design):

@@ -259,3 +259,17 @@ def test_the_summary_gives_no_decision_before_every_batch_is_recorded(tmp_path, 
     (tmp_path / "batch-state1-1.json").write_text(json.dumps({"state": 1, "batch": 1, "delta": deltas}))
     mechanism.summary(design)
     assert "decision: stop, the interval lies below +0.15" in capsys.readouterr().out
+
+
+def test_the_twinned_probes_share_their_ground_truth_with_the_pool_twins_the_sets_recorded():
+    import json
+
+    from seal_lite.envs.bfcl import load_tasks
+
+    design = mechanism.Design()
+    probes = load_tasks(design.read_set("probe"))
+    twinned = mechanism.twinned_probes(design, probes)
+    twins = json.loads((design.records / "sets.json").read_text())["pool"]["twins"]
+    assert 0 < len(twinned) < len(probes)
+    assert ({tuple(task.ground_truth[0]) for task in probes if task.id in twinned}
+            == {tuple(task.ground_truth[0]) for task in load_tasks(twins)})
