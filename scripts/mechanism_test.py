@@ -650,6 +650,14 @@ def result(records: Path) -> dict:
             [b["delta"]["seal"]["J1u"] for b in untwinned], [b["delta"]["vanilla"]["J1u"] for b in untwinned])}
     figures["secondary"] = {arm: {k: sum(b["delta"][arm][k] - b["delta"]["vanilla"][k] for b in batches)
                                   / len(batches) for k in OBJECTIVES} for arm in ARMS if arm != "vanilla"}
+    figures["vanilla"] = {k: sum(b["delta"]["vanilla"][k] for b in batches) / len(batches) for k in OBJECTIVES}
+    # not pre-registered, read beside the rule: the upper end under other bootstrap seeds, and each state alone on
+    # vanilla's scale there (SEAL's extra change over |vanilla's mean change|; R's sign flips where that mean is < 0)
+    figures["R_upper_by_seed"] = [clustered_interval(list(by_state.values()), seed=seed)[1] for seed in range(10)]
+    figures["by_state"] = {state: {"vanilla": sum(v for _, v in pairs) / len(pairs),
+                                   "extra": sum(s - v for s, v in pairs) / abs(sum(v for _, v in pairs)),
+                                   "sign_flip_p": sign_flip_p([s - v for s, v in pairs], flips=10_000)}
+                           for state, pairs in by_state.items()}
     checks = [(arm, b["check"][arm], b["delta"][arm]["J1"]) for b in batches if "check" in b for arm in b["check"]]
     figures["check"] = {"pairs": len(checks),
                         "signs_agree": sum((real > 0) == (first > 0) for _, real, first in checks),
@@ -694,6 +702,7 @@ def summary(design: Design) -> None:
     if "R_untwinned" in figures:
         print(f"R on the probes without a pool twin ({figures['R_untwinned']['batches']} batches): "
               f"{figures['R_untwinned']['R']:+.3f}")
+    print("vanilla, mean per batch: " + ", ".join(f"{k} {v:+.3g}" for k, v in figures["vanilla"].items()))
     for arm, deltas in figures["secondary"].items():
         print(f"{arm} - vanilla, mean per batch: " + ", ".join(f"{k} {v:+.3g}" for k, v in deltas.items())
               + (f"; cosine of the updates {figures['cosine'][arm]:.3f}" if arm in figures["cosine"] else ""))
@@ -703,6 +712,14 @@ def summary(design: Design) -> None:
     if not figures["first_order_reliable"]:
         print(f"the first-order reading is unreliable (pre-registered fallback): R on the real changes of the "
               f"checked batches = {figures['R_real']:+.3f}")
+    elif "R_real" in figures:
+        print(f"R on the real changes of the checked batches: {figures['R_real']:+.3f}")
+    uppers = figures["R_upper_by_seed"]
+    print(f"not pre-registered: the clustered interval's upper end under bootstrap seeds 0-9: {min(uppers):+.3f} to "
+          f"{max(uppers):+.3f}, {sum(u >= 0.15 for u in uppers)} of 10 at +0.15 or above")
+    for state, row in figures["by_state"].items():
+        print(f"not pre-registered: state {state}, vanilla's mean J1 change {row['vanilla']:+.4f}, SEAL's extra / "
+              f"|that| {row['extra']:+.3f}, sign-flip p over its batches {row['sign_flip_p']:.2f}")
 
 
 def print_schema(design: Design) -> None:

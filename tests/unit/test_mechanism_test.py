@@ -236,6 +236,9 @@ def test_the_result_is_read_from_the_records_with_its_decision_and_fallback(tmp_
     assert figures["R_by_state"] == pytest.approx({0: 0.5, 1: 0.5})
     assert figures["cosine"] == pytest.approx({"seal": 0.9, "seal_base": 0.55})
     assert figures["R_untwinned"] == {"batches": 3, "R": pytest.approx(0.0)}
+    assert figures["vanilla"]["J1"] == pytest.approx(0.025) and figures["R_upper_by_seed"] == pytest.approx([0.5] * 10)
+    assert figures["by_state"][1]["vanilla"] == pytest.approx(0.03) and figures["by_state"][1]["extra"] == pytest.approx(0.5)
+    assert figures["by_state"][0]["sign_flip_p"] == pytest.approx(2 / 8, abs=0.02)  # 3 positive differences
     assert figures["secondary"]["seal"]["J2"] == pytest.approx(0.1) and figures["secondary"]["seal_base"]["J1"] > 0
     assert figures["check"]["pairs"] == 4 and figures["check"]["signs_agree"] == 0
     assert figures["first_order_reliable"] is False and figures["R_real"] == pytest.approx(2.0)
