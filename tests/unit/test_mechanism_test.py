@@ -239,6 +239,9 @@ def test_the_result_is_read_from_the_records_with_its_decision_and_fallback(tmp_
     assert figures["vanilla"]["J1"] == pytest.approx(0.025) and figures["R_upper_by_seed"] == pytest.approx([0.5] * 10)
     assert figures["by_state"][1]["vanilla"] == pytest.approx(0.03) and figures["by_state"][1]["extra"] == pytest.approx(0.5)
     assert figures["by_state"][0]["sign_flip_p"] == pytest.approx(2 / 8, abs=0.02)  # 3 positive differences
+    # every resample's R is +0.5; a quarter of them draw state 1 twice, leaving state 0 out
+    assert figures["R_high_resamples"]["share"] == 1.0
+    assert figures["R_high_resamples"]["without_first_state"] == pytest.approx(2500, abs=200)
     assert figures["secondary"]["seal"]["J2"] == pytest.approx(0.1) and figures["secondary"]["seal_base"]["J1"] > 0
     assert figures["check"]["pairs"] == 4 and figures["check"]["signs_agree"] == 0
     assert figures["first_order_reliable"] is False and figures["R_real"] == pytest.approx(2.0)
