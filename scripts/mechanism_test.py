@@ -211,6 +211,12 @@ def clustered_interval(by_state: Sequence[Sequence[tuple[float, float]]], resamp
     return values[int(tail * resamples)], values[int((1 - tail) * resamples) - 1]
 
 
+def mean_reward(batches: Sequence[dict]) -> float:
+    """The mean verdict over the batches' trajectories (0.0 for hand-made records without rewards)."""
+    rewards = [r for b in batches for group in b.get("rewards", []) for r in group]
+    return sum(rewards) / len(rewards) if rewards else 0.0
+
+
 def sign_flip_p(differences: Sequence[float], flips: int = 100_000, seed: int = 0) -> float:
     """Two-sided sign-flip test of the differences' mean: (1 + flips at least as extreme) / (1 + flips)."""
     rng = random.Random(seed)
@@ -664,7 +670,8 @@ def result(records: Path) -> dict:
                                    "without_first_state": sum(0 not in drawn for drawn in high)}
     figures["by_state"] = {state: {"vanilla": sum(v for _, v in pairs) / len(pairs),
                                    "extra": sum(s - v for s, v in pairs) / abs(sum(v for _, v in pairs)),
-                                   "sign_flip_p": sign_flip_p([s - v for s, v in pairs], flips=10_000)}
+                                   "sign_flip_p": sign_flip_p([s - v for s, v in pairs], flips=10_000),
+                                   "reward": mean_reward([b for b in batches if b["state"] == state])}
                            for state, pairs in by_state.items()}
     checks = [(arm, b["check"][arm], b["delta"][arm]["J1"]) for b in batches if "check" in b for arm in b["check"]]
     figures["check"] = {"pairs": len(checks),
@@ -729,8 +736,9 @@ def summary(design: Design) -> None:
     print(f"not pre-registered: {high['share']:.2%} of seed 0's resamples give R at +0.15 or above, "
           f"{high['without_first_state']} of them without state {figures['states'][0]}")
     for state, row in figures["by_state"].items():
-        print(f"not pre-registered: state {state}, vanilla's mean J1 change {row['vanilla']:+.4f}, SEAL's extra / "
-              f"|that| {row['extra']:+.3f}, sign-flip p over its batches {row['sign_flip_p']:.2f}")
+        print(f"not pre-registered: state {state}, mean reward {row['reward']:.2f}, vanilla's mean J1 change "
+              f"{row['vanilla']:+.4f}, SEAL's extra / |that| {row['extra']:+.3f}, sign-flip p over its batches "
+              f"{row['sign_flip_p']:.2f}")
 
 
 def print_schema(design: Design) -> None:

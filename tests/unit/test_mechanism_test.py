@@ -222,7 +222,8 @@ def test_the_result_is_read_from_the_records_with_its_decision_and_fallback(tmp_
                                 "seal": {"J1": 1.5 * vanilla, "J2": 0.1, "J3": -0.1},
                                 "seal_base": {"J1": 1.2 * vanilla, "J2": 0.0, "J3": 0.0}},
                       "cosine": {"seal": 0.9, "seal_base": 0.5 + 0.1 * state}}
-            if state == 1:  # J1u recorded from state 1 on: SEAL's change is vanilla's there
+            if state == 1:  # J1u recorded from state 1 on: SEAL's change is vanilla's there; rewards too
+                record["rewards"] = [[1.0, 0.0], [batch / 2, 1.0]]
                 for arm in ("vanilla", "seal", "seal_base"):
                     record["delta"][arm]["J1u"] = vanilla
             if batch == 0:
@@ -238,6 +239,8 @@ def test_the_result_is_read_from_the_records_with_its_decision_and_fallback(tmp_
     assert figures["R_untwinned"] == {"batches": 3, "R": pytest.approx(0.0)}
     assert figures["vanilla"]["J1"] == pytest.approx(0.025) and figures["R_upper_by_seed"] == pytest.approx([0.5] * 10)
     assert figures["by_state"][1]["vanilla"] == pytest.approx(0.03) and figures["by_state"][1]["extra"] == pytest.approx(0.5)
+    assert figures["by_state"][1]["reward"] == pytest.approx((3 * 2 + 0 + 0.5 + 1) / 12)  # 12 verdicts
+    assert figures["by_state"][0]["reward"] == 0.0  # no rewards recorded
     assert figures["by_state"][0]["sign_flip_p"] == pytest.approx(2 / 8, abs=0.02)  # 3 positive differences
     # every resample's R is +0.5; a quarter of them draw state 1 twice, leaving state 0 out
     assert figures["R_high_resamples"]["share"] == 1.0
