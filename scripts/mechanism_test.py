@@ -212,6 +212,15 @@ def clustered_interval(by_state: Sequence[Sequence[tuple[float, float]]], resamp
     return values[int(tail * resamples)], values[int((1 - tail) * resamples) - 1]
 
 
+def mean_interval(values: Sequence[float], resamples: int = RESAMPLES, seed: int = 0,
+                  level: float = 0.95) -> tuple[float, float]:
+    """The percentile bootstrap interval of the values' mean (M2: a paired difference per task)."""
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(values, k=len(values))) / len(values) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return means[int(tail * resamples)], means[int((1 - tail) * resamples) - 1]
+
+
 def mean_reward(batches: Sequence[dict]) -> float:
     """The mean verdict over the batches' trajectories (0.0 where none is recorded)."""
     rewards = [r for b in batches for group in b.get("rewards", []) for r in group]
@@ -751,10 +760,12 @@ def print_schema(design: Design) -> None:
     for view, arms in record["views"].items():
         rates = {arm: sum(arms[arm]["passes"].values()) / (len(arms[arm]["passes"]) * record["samples"])
                  for arm in ("off", "on")}
+        low, high = mean_interval([(arms["on"]["passes"][task] - passes) / record["samples"]
+                                   for task, passes in arms["off"]["passes"].items()])
         print(f"φ_schema, {view} view, {len(arms['off']['passes'])} tasks x {record['samples']}: pass rate off "
-              f"{rates['off']:.3f}, on {rates['on']:.3f}; on - off per task {arms['mean_difference']:+.3f}, "
-              f"sign-flip p = {arms['sign_flip_p']:.3g}; targeted causes off {arms['off']['causes']}, "
-              f"on {arms['on']['causes']}")
+              f"{rates['off']:.3f}, on {rates['on']:.3f}; on - off per task {arms['mean_difference']:+.3f} "
+              f"[{low:+.3f}, {high:+.3f}] over tasks, sign-flip p = {arms['sign_flip_p']:.3g}; targeted causes "
+              f"off {arms['off']['causes']}, on {arms['on']['causes']}")
 
 
 def main() -> None:

@@ -66,6 +66,12 @@ def test_the_clustered_interval_resamples_states_then_batches():
     assert clustered[1] - clustered[0] > batch_level[1] - batch_level[0]
 
 
+def test_the_mean_interval_brackets_the_mean_and_collapses_on_equal_values():
+    assert mechanism.mean_interval([0.25] * 5) == (0.25, 0.25)
+    low, high = mechanism.mean_interval([0.0, 1.0] * 20)  # mean 0.5, standard error 0.079
+    assert low < 0.5 < high and high - low == pytest.approx(2 * 1.96 * 0.5 / 40 ** 0.5, rel=0.1)
+
+
 def test_the_sign_flip_p_matches_the_exact_one():
     # ten equal positive differences: only the two all-equal sign vectors are as extreme, exact p = 2 / 2^10
     p = mechanism.sign_flip_p([1.0] * 10, flips=200_000)
