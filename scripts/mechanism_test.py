@@ -36,6 +36,7 @@ import argparse
 import json
 import random
 import sys
+from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -671,6 +672,8 @@ def result(records: Path) -> dict:
     figures["secondary"] = {arm: {k: sum(b["delta"][arm][k] - b["delta"]["vanilla"][k] for b in batches)
                                   / len(batches) for k in OBJECTIVES} for arm in ARMS if arm != "vanilla"}
     figures["vanilla"] = {k: sum(b["delta"]["vanilla"][k] for b in batches) / len(batches) for k in OBJECTIVES}
+    figures["labels"] = Counter(label for b in batches for group in b.get("labels", []) for labels in group
+                                for label in labels).most_common()
     # not pre-registered, read beside the rule: the upper end under other bootstrap seeds, and each state alone on
     # vanilla's scale there (SEAL's extra change over |vanilla's mean change|; R's sign flips where that mean is < 0)
     figures["R_upper_by_seed"] = [clustered_interval(list(by_state.values()), seed=seed)[1] for seed in range(10)]
@@ -727,6 +730,7 @@ def summary(design: Design) -> None:
     if "R_untwinned" in figures:
         print(f"R on the probes without a pool twin ({figures['R_untwinned']['batches']} batches): "
               f"{figures['R_untwinned']['R']:+.3f}")
+    print("labels over the batches' trajectories: " + ", ".join(f"{label} {n}" for label, n in figures["labels"]))
     print("vanilla, mean per batch: " + ", ".join(f"{k} {v:+.3g}" for k, v in figures["vanilla"].items()))
     for arm, deltas in figures["secondary"].items():
         print(f"{arm} - vanilla, mean per batch: " + ", ".join(f"{k} {v:+.3g}" for k, v in deltas.items())

@@ -230,6 +230,7 @@ def test_the_result_is_read_from_the_records_with_its_decision_and_fallback(tmp_
                       "cosine": {"seal": 0.9, "seal_base": 0.5 + 0.1 * state}}
             if state == 1:  # J1u recorded from state 1 on: SEAL's change is vanilla's there; rewards too
                 record["rewards"] = [[1.0, 0.0], [batch / 2, 1.0]]
+                record["labels"] = [[["pass"], ["state_mismatch"]], [["empty_turn_model_response"], ["pass"]]]
                 for arm in ("vanilla", "seal", "seal_base"):
                     record["delta"][arm]["J1u"] = vanilla
             if batch == 0:
@@ -247,6 +248,7 @@ def test_the_result_is_read_from_the_records_with_its_decision_and_fallback(tmp_
     assert figures["by_state"][1]["vanilla"] == pytest.approx(0.03) and figures["by_state"][1]["extra"] == pytest.approx(0.5)
     assert figures["by_state"][1]["reward"] == pytest.approx((3 * 2 + 0 + 0.5 + 1) / 12)  # 12 verdicts
     assert figures["by_state"][0]["reward"] == 0.0  # no rewards recorded
+    assert figures["labels"] == [("pass", 6), ("state_mismatch", 3), ("empty_turn_model_response", 3)]
     assert figures["by_state"][0]["sign_flip_p"] == pytest.approx(2 / 8, abs=0.02)  # 3 positive differences
     # every resample's R is +0.5; a quarter of them draw state 1 twice, leaving state 0 out
     assert figures["R_high_resamples"]["share"] == 1.0
