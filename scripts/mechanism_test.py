@@ -205,21 +205,24 @@ def clustered_resamples(by_state: Sequence[Sequence[tuple[float, float]]], resam
         yield relative_gain([s for s, _ in pairs], [v for _, v in pairs]), drawn
 
 
+def percentile_interval(estimates: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The central ``level`` share of a bootstrap's estimates."""
+    ordered, tail = sorted(estimates), (1 - level) / 2
+    return ordered[int(tail * len(ordered))], ordered[int((1 - tail) * len(ordered)) - 1]
+
+
 def clustered_interval(by_state: Sequence[Sequence[tuple[float, float]]], resamples: int = RESAMPLES, seed: int = 0,
                        level: float = 0.95) -> tuple[float, float]:
     """The percentile bootstrap interval of R over ``clustered_resamples``."""
-    values = sorted(r for r, _ in clustered_resamples(by_state, resamples, seed))
-    tail = (1 - level) / 2
-    return values[int(tail * resamples)], values[int((1 - tail) * resamples) - 1]
+    return percentile_interval([r for r, _ in clustered_resamples(by_state, resamples, seed)], level)
 
 
 def mean_interval(values: Sequence[float], resamples: int = RESAMPLES, seed: int = 0,
                   level: float = 0.95) -> tuple[float, float]:
     """The percentile bootstrap interval of the values' mean (M2: a paired difference per task)."""
     rng = random.Random(seed)
-    means = sorted(sum(rng.choices(values, k=len(values))) / len(values) for _ in range(resamples))
-    tail = (1 - level) / 2
-    return means[int(tail * resamples)], means[int((1 - tail) * resamples) - 1]
+    return percentile_interval([sum(rng.choices(values, k=len(values))) / len(values) for _ in range(resamples)],
+                               level)
 
 
 def mean_reward(batches: Sequence[dict]) -> float:
@@ -452,11 +455,9 @@ def vanilla_states(design: Design) -> dict:
     return record
 
 
-def twinned_probes(design: Design, actions: list) -> set[str]:
+def twinned_probes(actions: list, pool: list) -> set[str]:
     """The action turns whose first-turn ground truth a pool task shares (its twin)."""
-    from seal_lite.envs.bfcl import load_tasks
-
-    truths = {tuple(task.ground_truth[0]) for task in load_tasks(design.read_set("pool"))}
+    truths = {tuple(task.ground_truth[0]) for task in pool}
     return {task.id for task in actions if tuple(task.ground_truth[0]) in truths}
 
 
@@ -503,11 +504,11 @@ def measure_state(design: Design, state: int) -> None:
     model, tokenizer, (exp_avg, exp_avg_sq, step), recipe = state_policy(design, state)
     interface = TrainingInterface(tool_format=recipe.interface.tool_format)  # the plain view, φ's off
     actions, declines = load_tasks(design.read_set("probe")), load_tasks(design.read_set("abstain"))
+    pool = [task.truncated(1) for task in load_tasks(design.read_set("pool"))]
     values, objective_grads = probe_objectives(model, tokenizer, actions, declines, interface,
-                                               twinned=twinned_probes(design, actions))
+                                               twinned=twinned_probes(actions, pool))
     write_record(design, f"probes-state{state}.json", {"state": state, "adam_step": step, "values": values,
                                                         **machine(model)})
-    pool = [task.truncated(1) for task in load_tasks(design.read_set("pool"))]
     rollout = recipe.rollout.model_copy(update={"num_generations": design.group})
     with rollout_engine(recipe, model, tokenizer, design.work / f"engine-{state}", None) as (generator, sync):
         for batch, name in enumerate(names):
@@ -652,8 +653,9 @@ def result(records: Path) -> dict:
     for b in batches:
         by_state.setdefault(b["state"], []).append((b["delta"]["seal"]["J1"], b["delta"]["vanilla"]["J1"]))
     seal, vanilla = zip(*[pair for pairs in by_state.values() for pair in pairs])
+    resamples = list(clustered_resamples(list(by_state.values())))  # seed 0's: the interval and its tail below
     figures = {"batches": len(batches), "states": sorted(by_state), "R": relative_gain(seal, vanilla),
-               "R_interval": clustered_interval(list(by_state.values())),
+               "R_interval": percentile_interval([r for r, _ in resamples]),
                "R_interval_batches": clustered_interval([[pair for pairs in by_state.values() for pair in pairs]]),
                "sign_flip_p": sign_flip_p([s - v for s, v in zip(seal, vanilla)])}
     figures["stop"] = figures["R_interval"][1] < 0.15  # the pre-registered decision rule
@@ -676,10 +678,11 @@ def result(records: Path) -> dict:
                                 for label in labels).most_common()
     # not pre-registered, read beside the rule: the upper end under other bootstrap seeds, and each state alone on
     # vanilla's scale there (SEAL's extra change over |vanilla's mean change|; R's sign flips where that mean is < 0)
-    figures["R_upper_by_seed"] = [clustered_interval(list(by_state.values()), seed=seed)[1] for seed in range(10)]
+    figures["R_upper_by_seed"] = [figures["R_interval"][1]] + [
+        clustered_interval(list(by_state.values()), seed=seed)[1] for seed in range(1, 10)]
     # where the interval's upper tail comes from: the resamples at +0.15 or above, and which states they drew
-    high = [drawn for r, drawn in clustered_resamples(list(by_state.values())) if r >= 0.15]
-    figures["R_high_resamples"] = {"share": len(high) / RESAMPLES,
+    high = [drawn for r, drawn in resamples if r >= 0.15]
+    figures["R_high_resamples"] = {"share": len(high) / len(resamples),
                                    "without_first_state": sum(0 not in drawn for drawn in high)}
     figures["by_state"] = {state: {"vanilla": sum(v for _, v in pairs) / len(pairs),
                                    "extra": sum(s - v for s, v in pairs) / abs(sum(v for _, v in pairs)),

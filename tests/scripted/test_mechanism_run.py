@@ -47,7 +47,7 @@ def test_the_parts_record_every_figure_and_resume(design, capsys):
     assert len(batch["tasks"]) == 2 and [len(r) for r in batch["rewards"]] == [2, 2]
     assert set(batch["delta"]) == {"vanilla", "seal", "seal_base"} and "check" in batch
     assert all(isinstance(v, float) for arm in batch["delta"].values() for v in arm.values())
-    assert not mechanism.twinned_probes(design, load_tasks(SETS["probe"]))  # so J1u is J1 here
+    assert not mechanism.twinned_probes(load_tasks(SETS["probe"]), load_tasks(SETS["pool"]))  # so J1u is J1 here
     assert all(arm["J1u"] == pytest.approx(arm["J1"]) for arm in batch["delta"].values())
     assert "check" not in json.loads((design.records / "batch-state1-1.json").read_text())  # only the first
 

@@ -285,7 +285,7 @@ def test_the_twinned_probes_share_their_ground_truth_with_the_pool_twins_the_set
 
     design = mechanism.Design()
     probes = load_tasks(design.read_set("probe"))
-    twinned = mechanism.twinned_probes(design, probes)
+    twinned = mechanism.twinned_probes(probes, load_tasks(design.read_set("pool")))
     twins = json.loads((design.records / "sets.json").read_text())["pool"]["twins"]
     assert 0 < len(twinned) < len(probes)
     assert ({tuple(task.ground_truth[0]) for task in probes if task.id in twinned}
