@@ -31,6 +31,7 @@ import tempfile
 import time
 
 from seal_lite.core.memory import KNOWN_SHAPES, Shape
+from seal_lite.runs.toy_model import random_model_dir
 
 GB = 1024**3
 
@@ -109,70 +110,6 @@ def synthetic_batch(tokens: int, rollouts: int, vocab: int, seed: int = 0):
         rewards=[float(i % 2) for i in range(rollouts)],
         advantages=[1.0 if i % 2 else -1.0 for i in range(rollouts)],
     )
-
-
-# Qwen2.5's ChatML, without its tool block (the agent renders tools into the system message itself)
-CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-# Qwen2.5's special tokens, in its order: it pads with <|endoftext|>, which also ends a generation
-QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_pad|>"]
-TOKENIZER_TASKS = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_10", "multi_turn_base_12"]
-
-
-def local_tokenizer(vocab_size: int = 8192):
-    """A byte-level BPE tokenizer with Qwen2.5's special tokens and ChatML, trained in about a second on the
-    text of a few BFCL tasks: real multi-turn prompts tokenize to realistic lengths without any download."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from seal_lite.envs.bfcl import load_tasks
-
-    texts = [json.dumps(task.functions) + json.dumps(task.turns) for task in load_tasks(TOKENIZER_TASKS)]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=QWEN_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   clean_up_tokenization_spaces=False)
-    fast.chat_template = CHATML
-    return fast
-
-
-def random_model_dir(shape: Shape, directory: str, family: str = "qwen2") -> str:
-    """A random-init Qwen2 model of ``shape`` (bf16, initialised on the GPU where there is one) with the local
-    tokenizer and Qwen2.5-Instruct's generation config (stops at <|im_end|> and <|endoftext|>, sampling defaults
-    that seal-lite must ignore), saved to ``directory``. ``family`` llama: a Llama of the same shape instead."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[family]
-    tokenizer = local_tokenizer()
-    specials = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN_SPECIALS}
-    config = config_class(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, intermediate_size=shape.intermediate,
-        head_dim=shape.head_dim, tie_word_embeddings=shape.tied_embeddings, max_position_embeddings=32768, bos_token_id=specials["<|endoftext|>"],
-        eos_token_id=specials["<|im_end|>"], pad_token_id=specials["<|endoftext|>"],
-    )
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # initialised in bf16: 7B in fp32 (28 GB) would not fit a 24 GB cap
-    try:
-        with torch.device(device):
-            model = model_class(config)
-    finally:
-        torch.set_default_dtype(default)
-    model.generation_config = GenerationConfig(
-        eos_token_id=[specials["<|im_end|>"], specials["<|endoftext|>"]], pad_token_id=specials["<|endoftext|>"],
-        do_sample=True, repetition_penalty=1.05, temperature=0.7, top_k=20, top_p=0.8)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    del model
-    _empty_caches()
-    return directory
 
 
 def measure(shape: Shape, tokens: int, rollouts: int, backend: str = "auto", micro: int | None = None) -> dict:

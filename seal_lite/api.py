@@ -86,20 +86,33 @@ def card_plan(recipe: Recipe, card: str) -> dict:
     model's widest generate call and the budget that fits, the update's estimated peak, and the estimated hours
     (seal_lite/core/plan.py). ``card``: a card class's name (``plan.card_key``: rtx-4090, t4, ...) or ``here``, the
     GPU torch sees. The recipe is not checked against this machine: the card is elsewhere."""
-    import json
-
     from seal_lite.core import plan
-    from seal_lite.core.memory import KNOWN_SHAPES, Shape
+    from seal_lite.engines.model_sources import model_shape
 
-    model = recipe.policy.model
-    if model in KNOWN_SHAPES:
-        shape = KNOWN_SHAPES[model]
-    elif (Path(model) / "config.json").is_file():
-        shape = Shape.from_config(json.loads((Path(model) / "config.json").read_text()))
-    else:
-        raise ConfigError(f"--card: the shape of policy.model {model!r} is unknown here; plans know "
-                          f"{', '.join(KNOWN_SHAPES)} and local model directories (their config.json)")
+    try:
+        shape = model_shape(recipe.policy.model)
+    except ConfigError as error:
+        raise ConfigError(f"--card: {error}") from None
     return plan.card_plan(recipe, shape, _card(card))
+
+
+def rehearse(recipe_path: str | Path | None, overrides: dict | None = None, out_dir: str | Path | None = None,
+             card: str | None = None, echo: Callable[[str], None] = lambda line: None):
+    """``seal-lite rehearse``: the recipe's own configuration for ``card`` (a card class's name; None: the smallest
+    the memory model fits it on) at toy size on this machine, two steps killed and resumed
+    (seal_lite/runs/rehearse.py). Returns its ``Rehearsal``: what ran beside what the card runs, and the checks."""
+    import shutil
+
+    from seal_lite.runs import rehearse as rehearsal
+
+    recipe = load_recipe(recipe_path, overrides)  # not checked here: its GPU, model and card are elsewhere
+    out = Path(out_dir) if out_dir else Path("runs") / f"{recipe.name}-rehearsal"
+    if out.exists() and any(out.iterdir()) and not (out / "rehearsal.yaml").exists():
+        raise ConfigError(f"--out {out}: a folder that holds something else than a rehearsal; name an empty or new one")
+    for earlier in ("run", rehearsal.FACTS):  # a rehearsal starts afresh: it must kill and resume a run
+        path = out / earlier
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    return rehearsal.rehearse(recipe, out, _card(card) if card else None, echo)
 
 
 def _card(name: str):

@@ -197,3 +197,19 @@ def _fix_chat_stop_token(tokenizer, model) -> None:
         model.generation_config.eos_token_id = im_end
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+
+
+def model_shape(model: str):
+    """The ``Shape`` of ``policy.model`` without loading it: a GPU recipe's model (``KNOWN_SHAPES``, so no hub is
+    asked) or a local model directory's config.json."""
+    import json
+
+    from seal_lite.core.errors import ConfigError
+    from seal_lite.core.memory import KNOWN_SHAPES, Shape
+
+    if model in KNOWN_SHAPES:
+        return KNOWN_SHAPES[model]
+    if (Path(model) / "config.json").is_file():
+        return Shape.from_config(json.loads((Path(model) / "config.json").read_text()))
+    raise ConfigError(f"the shape of policy.model {model!r} is unknown here: known are {', '.join(KNOWN_SHAPES)} and "
+                      "local model directories (their config.json)")

@@ -15,8 +15,12 @@ is copied, exported or synced after an update, and it runs wherever transformers
   (``_play``). An episode's next message reads only what came after its last complete block: what the
   environment appended, and at most ``BLOCK_SIZE`` - 1 tokens again.
 * **Never across an update**: the key holds the tokens, not the weights. The pool lives for one call (a step's
-  rollouts, an evaluation's batch), so no block computed before an update is found after it, and the update gets
-  the memory back.
+  rollouts, an evaluation's batch), so no block computed before an update is found after it. ``release`` (the
+  step calls it once its rollouts are done) hands the pool's memory back to the card: when a call ends the pool
+  only goes back to PyTorch's allocator cache, which the update's ``hold_budget`` sees as used.
+* **Its attention is seal-lite's choice**, ``paged|sdpa``, whatever is installed: given plain ``sdpa``,
+  transformers swaps in FlashAttention when flash-attn (or ``kernels``) is present, which fails on a T4 and, on
+  Ampere+, turns on CUDA graphs and FA2's paged decode, whose 256-token block rule rejects these 32-token blocks.
 * **Driven from this thread**, step by step (prepare, forward, update) as vLLM's ``engine.step()`` is, not by
   transformers' background thread: the batches are the same whatever the timing, so a call samples alike when
   reseeded (``reseed``: torch's generator is set from (seed, step, call) around the call and restored after it).
@@ -38,7 +42,7 @@ import numpy as np
 import torch
 
 from seal_lite.engines.continuous import ContinuousGenerator
-from seal_lite.engines.transformers_generate import eval_mode, stop_ids
+from seal_lite.engines.transformers_generate import eval_mode, release_cached_memory, stop_ids
 
 BLOCK_SIZE = 32  # tokens a KV block holds: a message re-reads at most this many - 1 tokens of what came before it
 PREFILL_TOKENS = 2048  # the most tokens one forward pass reads (new prompts' chunks and the decoding rows together)
@@ -49,13 +53,16 @@ class PagedGenerator(ContinuousGenerator):
 
     ``cache_tokens``: the KV pool's size in tokens, allocated when a call starts and freed when it ends
     (``paged_cache_tokens`` sizes it from the memory model); ``mode(model)`` the context generation runs in (by
-    default eval mode: no dropout)."""
+    default eval mode: no dropout); ``max_live``: the most episodes a call keeps live (``paged_live_rows``: as many
+    as the pool holds at full length; more would be evicted and read again)."""
 
-    def __init__(self, model, tokenizer, *, cache_tokens: int, seed: int = 0, mode: Callable | None = None):
+    def __init__(self, model, tokenizer, *, cache_tokens: int, seed: int = 0, mode: Callable | None = None,
+                 max_live: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.mode = mode or eval_mode
         self.cache_tokens = cache_tokens
+        self.max_live = max_live  # episodes live at once, at most, whatever a call asks (None: as asked)
         self.stop_ids = sorted(stop_ids(tokenizer, model))
         self.seed: tuple[int, ...] = (seed,)
         self.calls = 0
@@ -66,6 +73,11 @@ class PagedGenerator(ContinuousGenerator):
     def reseed(self, *seed: int) -> None:
         """Seed the coming calls' sampling by ``seed`` (the run's seed and step): a resumed run samples alike."""
         self.seed, self.calls = tuple(seed), 0
+
+    def release(self) -> None:
+        """Hand the last call's KV pool back to the card (the step's rollouts are done; the update comes next):
+        once ``_play`` has returned nothing refers to the pool, but PyTorch keeps its blocks cached."""
+        release_cached_memory()
 
     @torch.no_grad()
     def _play(self, batch, budgets, temperature, on_message, max_live=None) -> list[tuple[list[int], list[float]]]:
@@ -89,7 +101,7 @@ class PagedGenerator(ContinuousGenerator):
 
             def start_waiting() -> None:
                 held = []
-                while waiting and len(live) < (max_live or len(batch)):
+                while waiting and len(live) < min(max_live or len(batch), self.max_live or len(batch)):
                     row, (ids, budget) = waiting.pop()
                     if any(_shares_half(ids, other) for other in reading.values()):
                         held.append((row, (ids, budget)))  # its group's opening, or the same tool block: wait
@@ -147,6 +159,8 @@ def _continuous_batching(model, temperature: float, stops: list[int], cache_toke
 
     transformers_model = model.get_base_model() if hasattr(model, "get_base_model") else model
     attention = transformers_model.config._attn_implementation
+    # paged from the start: transformers would otherwise replace sdpa by FlashAttention where installed
+    transformers_model.set_attn_implementation(paged_attention(attention))
     # no top-k or top-p: transformers 5's defaults are None, and the model's own generation config is not read
     sampling = GenerationConfig(do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
                                 eos_token_id=stops)
@@ -165,5 +179,10 @@ def _continuous_batching(model, temperature: float, stops: list[int], cache_toke
         finally:
             manager.batch_processor = None
             transformers_model.set_attn_implementation(attention)  # paged attention only while the call plays
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()  # the pool goes back to the card for the update
+
+
+def paged_attention(attention: str | None) -> str:
+    """The paged attention a call plays with for a model loaded with ``attention``: the same kernel behind
+    transformers' paged cache (``paged|sdpa`` for sdpa, the default), never a FlashAttention it was not given."""
+    attention = attention or "sdpa"
+    return attention if attention.startswith("paged|") else f"paged|{attention}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from seal_lite.core.memory import paged_live_rows
 from seal_lite.core.recipe import Recipe
 from seal_lite.engines import distributed
 from seal_lite.engines.model_sources import resolve_gguf
@@ -60,8 +61,11 @@ def rollout_engine(recipe: Recipe, model, tokenizer, out_dir: Path, mode=None):
     if backend == "paged":
         from seal_lite.engines.paged_rollouts import PagedGenerator
 
-        generator = PagedGenerator(model, tokenizer, cache_tokens=paged_cache_tokens(recipe, model), seed=recipe.seed,
-                                   mode=mode)
+        pool = paged_cache_tokens(recipe, model)
+        # no more episodes live than the pool holds at full length: more would be evicted and read again
+        generator = PagedGenerator(model, tokenizer, cache_tokens=pool, seed=recipe.seed, mode=mode,
+                                   max_live=paged_live_rows(pool, recipe.rollout.max_context_tokens,
+                                                            recipe.generation_batch()))
         yield generator, lambda step: generator.reseed(recipe.seed, step)  # it plays with the trained model itself
         return
     if backend == "vllm":

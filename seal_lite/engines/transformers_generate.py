@@ -8,6 +8,7 @@ top-k/top-p are off, so the rollouts come from the distribution the GRPO loss sc
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Callable
 
@@ -37,6 +38,10 @@ class TransformersGenerator:
         self.tokenizer = tokenizer
         self.mode = mode or eval_mode
         self.stop_ids = sorted(stop_ids(tokenizer, model))
+
+    def release(self) -> None:
+        """The step's rollouts are done: hand their KV caches back to the card for the update."""
+        release_cached_memory()
 
     @torch.no_grad()
     def generate(self, batch: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
@@ -69,6 +74,14 @@ class TransformersGenerator:
             if token in self.stop_ids:
                 return ids[: position + 1]
         return ids
+
+
+def release_cached_memory() -> None:
+    """Give the memory of tensors no longer used back to the card. PyTorch keeps freed blocks cached for itself, so
+    the rollouts' KV caches would stay taken as far as the driver (``mem_get_info``) and anything sized from it
+    can tell. A no-op without CUDA."""
+    gc.collect()  # tensors held only by reference cycles
+    torch.cuda.empty_cache()
 
 
 class _FirstCall(LogitsProcessor):

@@ -17,7 +17,7 @@ the same up to float summation order; ``tests/scripted/test_grpo_reference.py`` 
 Memory: the prefix's graph once (as one trajectory's would be), and the suffixes' graphs as memory allows. With
 the model's gradient checkpointing (every GPU recipe) a suffix's graph is each decoder layer's input, a known size
 (``held_bytes``): suffixes keep theirs for the backward pass while they add up to at most ``hold_bytes``
-(``hold_budget``: half the GPU's free memory). Any other suffix's forward pass and log-probs are one checkpointed
+(``hold_budget``: half the free memory, the GPU's or the RAM). Any other suffix's forward pass and log-probs are one checkpointed
 function, recomputed in the backward pass (one extra forward pass over its tokens), so the backward holds one such
 suffix at a time; its decoder layers checkpoint themselves inside it (the cache is read-only, so a replayed layer
 reads the same keys and values: ``_can_checkpoint_with_cache``; nested non-reentrant checkpoints). The LM head and
@@ -178,11 +178,13 @@ class _Counted(torch.autograd.Function):
 
 def head_logps(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool,
                entropy_grad: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(head(hidden) / T)[targets] and the entropy of each row, in chunks of ``HEAD_CHUNK`` positions,
-    each chunk recomputed in the backward pass when ``recompute`` (its logits are then never kept)."""
+    """log softmax(head(hidden) / T)[targets] and the entropy of each row, in fp32 whatever the model's dtype, in
+    chunks of ``HEAD_CHUNK`` positions, each chunk recomputed in the backward pass when ``recompute`` (its logits
+    are then never kept)."""
 
     def chunk_logps(hidden_chunk, targets_chunk):
-        logits = head(hidden_chunk)
+        # fp32 from the head's output on: in fp16 (a T4's policy) log-probs near -10 would be 0.008 apart
+        logits = head(hidden_chunk).float()
         if temperature != 1.0:
             logits = logits / temperature
         logprobs = torch.log_softmax(logits, dim=-1)
@@ -199,19 +201,23 @@ def head_logps(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: f
         logps.append(logp)
         entropies.append(ent)
     if not logps:
-        empty = hidden.new_zeros(0)
+        empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty if entropy else None
     return torch.cat(logps), torch.cat(entropies) if entropy else None
 
 
 def hold_budget(device: torch.device) -> float:
-    """Bytes of suffix graphs ``score_completions`` may keep instead of recomputing them: ``HOLD_SHARE`` of a GPU's
-    free memory; none on a CPU, where runs train without gradient checkpointing, so a kept graph would be every
-    activation of the suffix, not its layers' inputs."""
+    """Bytes of suffix graphs ``score_completions`` may keep instead of recomputing them: ``HOLD_SHARE`` of the free
+    memory. On a GPU that counts what PyTorch's allocator holds but no tensor uses (after the rollouts, their KV
+    cache: the driver sees it as taken, yet the suffixes' graphs would get it); on a CPU it is the RAM available. A
+    graph is kept only under gradient checkpointing (the GPU recipes'), where it is each layer's input."""
     if device.type != "cuda":
-        return 0.0
+        import psutil
+
+        return HOLD_SHARE * psutil.virtual_memory().available
     free, _ = torch.cuda.mem_get_info(device)
-    return HOLD_SHARE * free
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return HOLD_SHARE * (free + cached)
 
 
 def held_bytes(layers: int, hidden: int, tokens: int, element_size: int) -> int:
@@ -288,7 +294,7 @@ def score_completions(model, input_ids: torch.Tensor, attention_mask: torch.Tens
                     continue  # nothing scored after the prefix: no suffix pass
                 suffix, local = ids[shared:], targets[outside] - 1 - shared
 
-                def suffix_logps(suffix=suffix, local=local, prefix=prefix, recompute_head=layer_checkpointing):
+                def suffix_logps(suffix, local=local, prefix=prefix, recompute_head=layer_checkpointing):
                     cache = prefix_cache(layers, prefix()) if prefix is not None else None
                     with cache_through_checkpointing(model):  # also when the backward pass replays this
                         hidden = decoder(input_ids=suffix[None], past_key_values=cache, use_cache=False)
@@ -298,25 +304,26 @@ def score_completions(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 
                 size = held_bytes(layers, text_config.hidden_size, len(suffix), element_size)
                 if not grad:
-                    logp, ent = suffix_logps()
+                    logp, ent = suffix_logps(suffix)
                 elif layer_checkpointing and held + size <= hold_bytes:  # its layers' inputs kept for the backward
                     held += size
-                    logp, ent = suffix_logps()
-                else:  # recomputed in the backward pass: one such suffix's graph at a time
-                    logp, ent = checkpoint(suffix_logps, use_reentrant=False)
+                    logp, ent = suffix_logps(suffix)
+                else:  # recomputed in the backward pass: one such suffix's graph at a time. ``suffix`` is passed,
+                    # not closed over: torch stashes the RNG of the devices its tensor arguments are on, so the
+                    # replay draws the same LoRA dropout masks on a GPU too (the CPU's RNG is always stashed)
+                    logp, ent = checkpoint(suffix_logps, suffix, use_reentrant=False)
                 collect(row, columns[outside], logp, ent)
 
     batch = input_ids.size(0)
-    logps = _scatter(values, flat_index, batch, width, input_ids.device, head.weight.dtype)
+    logps = _scatter(values, flat_index, batch, width, input_ids.device)
     if grad and not values:  # nothing scored: a zero that still reaches the trainable weights, for backward()
         logps = logps + sum((p * 0).sum() for p in model.parameters() if p.requires_grad)
-    entropies = _scatter(entropy_values, flat_index, batch, width, input_ids.device, head.weight.dtype) if entropy \
-        else None
+    entropies = _scatter(entropy_values, flat_index, batch, width, input_ids.device) if entropy else None
     return logps, entropies
 
 
-def _scatter(values, flat_index, batch, width, device, dtype) -> torch.Tensor:
-    out = torch.zeros(batch * width, device=device, dtype=values[0].dtype if values else dtype)
+def _scatter(values, flat_index, batch, width, device) -> torch.Tensor:
+    out = torch.zeros(batch * width, device=device)  # fp32, as ``head_logps`` computes them
     if values:
         out = out.index_put((torch.cat(flat_index),), torch.cat(values))
     return out.view(batch, width)
