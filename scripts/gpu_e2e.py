@@ -16,13 +16,17 @@ imports it) and writes ``OUT/<part>.json`` as it goes: a part stopped at its lim
                     validation during training on one held-out task under BFCL's view, before the first step and
                     after each: one validation a step, and a best adapter kept
   eval_base         ``seal-lite eval RUN --base --tasks 1``: the trained adapter and the base model, greedy, in one process
-  engine_logprobs   rollouts whose engine also reports its log-probs (as vLLM and llama.cpp do), on tasks whose prompts
-                    differ in length: the update compares them with the trained model's own, off-policy
-                    (grpo.mini_batches 2: TRL's old log-probs, Unsloth's left-packed ones) and on-policy (1: the loss's);
-                    the logged gap must be near 0 and the LoRA must move
-  decode_graphs     greedy decode time with Unsloth's CUDA-graph decode forced off, and as seal-lite's rollouts get it
-                    (inside Unsloth's RL generation scope), on the Qwen2 shape the recipes train (once more with Qwen2
-                    let into the models Unsloth captures) and on a Llama of the same widths; outputs must be equal
+  engine_logprobs   on Unsloth (peft on a CPU), rollouts whose engine also reports its log-probs (as vLLM and llama.cpp
+                    do), on tasks whose prompts differ in length: the update compares them with the trained model's
+                    own, off-policy (grpo.mini_batches 2: TRL's old log-probs, Unsloth's left-packed ones) and
+                    on-policy (1: the loss's); the logged gap must be near 0 and the LoRA must move
+  paged_fp16        colab-t4's path at toy size, as ``seal-lite run`` takes it: recipes/colab-t4.yaml (peft-4bit,
+                    rollout.backend paged) in float16, one SEAL step of 2 real tasks x G = 4 under BFCL's view, with
+                    SDPA held to the kernels a T4 has (memory-efficient and math): the engine must play with
+                    ``paged|sdpa``, hand its pool back to the card before the update (``release``: PyTorch's reserved
+                    memory drops), and the step must take its optimizer steps on a finite gradient (fp16's GradScaler
+                    skips a step on inf: lora_change 0) with the engine's log-probs within 0.1 of the trainer's; the
+                    update's seconds after the rollouts (the allocator warm) and its peak are recorded
 
 and, by name only (``--parts update_prefix,update_unsloth,rollout_engines``), benchmarks for a GPU with time left
 (issues 65, 66):
@@ -43,10 +47,11 @@ and, by name only (``--parts update_prefix,update_unsloth,rollout_engines``), be
 What stands in for what a GPU user has: the policy is a random-init Qwen2 of Qwen2.5-1.5B's widths with 4 layers
 (``--cpu``: benchmarks/gpu_memory.py's 2-layer TINY) and the locally built tokenizer; a random model never passes a
 task, so, as tests/support/scripted_run.py does for the resume tests, each message is replaced by the task's ground
-truth with probability 1/2 (groups then mix rewards 1 and 0, and updates really happen); and the diagnoser is
-a stand-in: the GPU recipes run a llama.cpp model on the CPU, which the device machine cannot install, so a stub
-HTTP server on 127.0.0.1 (``diagnoser.mode url``) answers each failed turn with its rule label and fixed texts.
-Every part's JSON names these ("stand_ins").
+truth with probability 1/2 (groups then mix rewards 1 and 0, and updates really happen). paged_fp16 keeps the
+engine's own samples, whose log-probs it checks, and judges every other episode of each group passed instead; and
+the diagnoser is a stand-in: the GPU recipes run a llama.cpp model on the CPU, which the device machine cannot
+install, so a stub HTTP server on 127.0.0.1 (``diagnoser.mode url``) answers each failed turn with its rule label
+and fixed texts. Every part's JSON names these ("stand_ins").
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -71,21 +77,30 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))  # tests.support: the scripted generation of the resume tests
 
-PARTS = ["run_resume", "eval_base", "engine_logprobs", "decode_graphs"]
+PARTS = ["run_resume", "eval_base", "engine_logprobs", "paged_fp16"]
 # run by name (--parts), after the parts, on a GPU with time left
 BENCHMARKS = ["update_prefix", "update_unsloth", "rollout_engines"]
 # seconds each part may take on a GPU (the parts sum to 6 minutes; Unsloth's first step compiles for about a
 # minute); on a shared 2-core CPU the tiny models take longer: x4
-LIMITS = {"run_resume": 170, "eval_base": 40, "engine_logprobs": 80, "decode_graphs": 60, "update_prefix": 120,
+LIMITS = {"run_resume": 170, "eval_base": 40, "engine_logprobs": 80, "paged_fp16": 60, "update_prefix": 120,
           "update_unsloth": 120, "rollout_engines": 180}
 CPU_SCALE = 4
 TASKS = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2"]  # their prompts differ in length
 HELD_OUT = ["multi_turn_base_100"]  # run_resume's validation slice
 STEPS = 3
-RUN_BACKEND = "peft-4bit"  # run_resume and eval_base: what the GPU recipes train on (the other parts: Unsloth)
+# the backend each part's recipe trains on, on a GPU (a CPU: peft stands in): run_resume (and so eval_base) on the
+# GPU recipes' own; engine_logprobs checks Unsloth's log-prob layout, and its process imports Unsloth, whose patched
+# trainer takes no other backend (``check_trainer``)
+BACKENDS = {"run_resume": "peft-4bit", "engine_logprobs": "unsloth"}
 ENGINE_TASK = "multi_turn_base_2"  # rollout_engines: a 5k-token opening under the official view
 STAND_INS = {"policy": "random-init weights, local tokenizer; half the messages replaced by the ground truth",
              "diagnoser": "a stub OpenAI-compatible server answering with the rule label (diagnoser.mode url)"}
+PAGED_STAND_INS = {"policy": "random-init weights, local tokenizer", "diagnoser": STAND_INS["diagnoser"],
+                   "verdict": "every other episode of each group judged passed (a random model passes none)"}
+T4_POOL_TOKENS = 200_000  # paged_fp16's pool on a GPU: about a T4's (seal-lite recipe recipes/colab-t4.yaml --card t4)
+CPU_OVERRIDES = {"policy.device": "auto"}  # paged_fp16 on a CPU: colab-t4 asks for a GPU; its pool is 4 contexts
+CPU_STAND_INS = {"loss_scaling": "none: accelerate makes no GradScaler on a CPU (fp16 weights and NF4 compute as on "
+                                 "the card)"}
 
 
 # --- the parts ---------------------------------------------------------------------------------------------------
@@ -183,49 +198,60 @@ def engine_logprobs(ctx: Context, result: dict) -> bool:
     return ok
 
 
-def decode_graphs(ctx: Context, result: dict) -> bool:
-    """Greedy decode under the policy's generation mode, Unsloth's CUDA-graph decode forced off ("eager"), then as
-    seal-lite's rollouts get it ("rollouts": Unsloth's RL scope decides), on the recipes' Qwen2 shape and a Llama of
-    the same widths; and on the Qwen2 shape once more with Qwen2 let in ("qwen2_allowed"): Unsloth 2026.10.9
-    captures graphs for llama and qwen3 only (``_decode_graphs._SUPPORTED_MODEL_TYPES``), Qwen2 "untested"."""
+def paged_fp16(ctx: Context, result: dict) -> bool:
+    """One SEAL step of recipes/colab-t4.yaml at toy size through ``api.run``: peft-4bit in float16, rollouts on the
+    paged engine, SDPA held to a T4's kernels. Checks, from what the step did and from the store, the policy and
+    attention the engine played with, its pool handed back before the update, every optimizer step taken on a finite
+    gradient, and the engine's log-probs against the trainer's (TRL's old log-probs: colab-t4 takes 4 mini-batches)."""
+    import math
+
     import torch
 
-    ctx.import_backend()
+    from seal_lite import api
     from seal_lite.core.recipe import load_recipe
-    from seal_lite.engines.policy import load_policy
+    from seal_lite.engines.store import Store
+    from seal_lite.training.grpo import updates_per_step
 
-    rows, prompt, new = (2, 64, 16) if ctx.cpu else (8, 2048, 64)
-    ok = True
-    for family in ("qwen2", "llama"):
-        model_dir = ctx.model_dir(family)
-        recipe = load_recipe(None, ctx.policy_overrides(model_dir) | {"rollout.max_context_tokens": 8192})
-        policy = load_policy(model_dir, recipe)
-        ids = torch.randint(10, len(policy.tokenizer) - 10, (rows, prompt),
-                            generator=torch.Generator().manual_seed(0)).to(policy.model.device)
-        arms = {}
-        for arm, enabled, allow_qwen2 in (("eager", False, False), ("rollouts", None, False),
-                                          ("qwen2_allowed", None, True)):
-            if allow_qwen2 and family != "qwen2":
-                continue
-            with decode_graphs_forced(enabled, allow_qwen2) as graph_module:
-                if allow_qwen2 and graph_module is not None:  # Unsloth keeps a model's "model type" refusal
-                    for state in graph_module._states(policy.model):
-                        state.disabled = None
-                arms[arm] = time_decode(policy, ids, new)
-                if graph_module is not None:
-                    arms[arm]["graph_stats"] = graph_stats(graph_module, policy.model)
-        eager = arms["eager"].pop("tokens")
-        for name, arm in arms.items():
-            if name != "eager":
-                arm["greedy_equal"] = arm.pop("tokens") == eager
-                arm["speedup"] = round(arms["eager"]["ms_per_step"] / arm["ms_per_step"], 3)
-        result[family] = arms
-        ctx.save(result)
-        ok = ok and all(arm.get("greedy_equal", True) for arm in arms.values())
-        del policy
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    return ok
+    step = watch_step(cuda=not ctx.cpu)
+    judge_every_other_episode_passed()
+    toy = {"policy.model": ctx.model_dir(), "policy.dtype": "float16",  # colab-t4's auto: float16 on a T4
+           "name": "gpu-e2e-paged-fp16", "data.task_ids": TASKS[:2], "grpo.tasks_per_step": 2, "grpo.steps": 1,
+           "rollout.num_generations": 4, "rollout.max_turns": 1, "rollout.max_model_calls": 2,
+           "rollout.max_new_tokens": 16, "diagnoser.mode": "url", "diagnoser.max_per_step": 2,
+           "diagnoser.timeout_s": 10}
+    toy |= CPU_OVERRIDES if ctx.cpu else {"rollout.cache_tokens": T4_POOL_TOKENS}
+    result["stand_ins"] = PAGED_STAND_INS | (CPU_STAND_INS if ctx.cpu else {})
+    ctx.save(result)
+    out = ctx.work / "paged-fp16"
+    with stub_diagnoser() as url, t4_attention(cuda=not ctx.cpu):
+        recipe = load_recipe(ROOT / "recipes" / "colab-t4.yaml", toy | {"diagnoser.url": url})
+        api.run(recipe, out)
+    metrics = Store.open_readonly(out / "seal.db").step_metrics(1)
+    scaler = step["trainer"].accelerator.scaler  # fp16's GradScaler (accelerate makes none on a CPU)
+    scaling = scaler and scaler.state_dict()
+    optimizer_steps = updates_per_step(recipe)
+    result |= {
+        "policy_in_play": step["policy"], "attention_in_play": sorted(step["attention"]),
+        "releases": step["releases"], "update_s": metrics.get("time/update_s"),
+        "update_peak_gb": None if ctx.cpu else gigabytes(torch.cuda.max_memory_allocated()),  # since the release
+        "update_skipped": metrics.get("grpo/update_skipped"), "lora_change": metrics.get("grpo/lora_change"),
+        "grad_norm": metrics.get("grpo/grad_norm"), "engine_gap_mean": metrics.get("grpo/engine/logprob_gap_mean"),
+        "engine_gap_max": metrics.get("grpo/engine/logprob_gap_max"), "optimizer_steps": optimizer_steps,
+        # a step the scaler skipped (inf or NaN gradients) halves the scale and restarts the count of steps in a row
+        "grad_scaler": scaling and {"scale": scaling["scale"], "steps_in_a_row": scaling["_growth_tracker"]},
+    }
+    result["checks"] = checks = {
+        "played_fp16_nf4": result["policy_in_play"] == {"dtype": "float16", "nf4": True},
+        "played_paged_sdpa": result["attention_in_play"] == ["paged|sdpa"],
+        # a CPU has no card to hand memory back to: that the release ran is what it can show
+        "pool_released": bool(step["releases"]) and all(
+            ctx.cpu or release["reserved_after_gb"] < release["reserved_before_gb"] for release in step["releases"]),
+        "update_taken": result["update_skipped"] == 0 and (result["lora_change"] or 0) > 0,
+        "finite_gradient": result["grad_norm"] is not None and math.isfinite(result["grad_norm"]),
+        "no_step_skipped": ctx.cpu or (bool(scaling) and scaling["_growth_tracker"] == optimizer_steps),
+        "engine_gap_below_0.1": result["engine_gap_mean"] is not None and result["engine_gap_mean"] < 0.1,
+    }
+    return all(checks.values())
 
 
 def update_prefix(ctx: Context, result: dict) -> bool:
@@ -288,7 +314,7 @@ def time_update(ctx: Context, way: str, backend: str, shared: bool, gradients: d
     from seal_lite.engines.policy import load_policy
     from seal_lite.training.grpo import build_trainer
 
-    model_dir = ctx.model_dir("qwen2", "7b")
+    model_dir = ctx.model_dir("7b")
     recipe = load_recipe(None, ctx.policy_overrides(model_dir, backend) | {
         "policy.gradient_checkpointing": True,
         "data.task_ids": [TASK], "rollout.num_generations": 8, "rollout.max_context_tokens": 16384,
@@ -357,7 +383,7 @@ def rollout_engines(ctx: Context, result: dict) -> bool:
     from seal_lite.engines.rollout_engine import paged_cache_tokens
     from seal_lite.envs.bfcl import load_tasks
 
-    model_dir = ctx.model_dir("qwen2", "7b")
+    model_dir = ctx.model_dir("7b")
     recipe = load_recipe(None, ctx.policy_overrides(model_dir, "peft-4bit") | {
         "data.task_ids": [ENGINE_TASK],
         "grpo.tasks_per_step": 1, "rollout.num_generations": 8, "rollout.max_turns": 2, "rollout.max_model_calls": 4,
@@ -389,31 +415,32 @@ class Context:
         if not self.cpu:
             import unsloth  # noqa: F401  (first: it patches transformers, peft and trl)
 
-    def model_dir(self, family: str = "qwen2", width: str = "1.5b") -> str:
-        """A random-init model with the local tokenizer, built once per work folder: on a GPU of Qwen2.5's
-        ``width`` with 4 layers (1.5b) or 2 (7b), on a CPU the tiny one."""
+    def model_dir(self, width: str = "1.5b") -> str:
+        """A random-init Qwen2 with the local tokenizer, built once per work folder: on a GPU of Qwen2.5's ``width``
+        with 4 layers (1.5b) or 2 (7b), on a CPU the tiny one."""
         import gpu_memory
 
-        directory = self.work / f"model-{family}-{width}"
+        directory = self.work / f"model-qwen2-{width}"
         if not (directory / "config.json").exists():
             layers = {"1.5b": 4, "7b": 2}[width]
             shape = gpu_memory.TINY if self.cpu else dataclasses.replace(gpu_memory.SHAPES[width], layers=layers)
-            gpu_memory.random_model_dir(shape, str(directory), family=family)
+            gpu_memory.random_model_dir(shape, str(directory))
         return str(directory)
 
-    def policy_overrides(self, model_dir: str, backend: str = "unsloth") -> dict:
+    def policy_overrides(self, model_dir: str, backend: str) -> dict:
         """The policy on ``backend`` on a GPU; on a CPU peft in fp32 stands in for every backend."""
         if self.cpu:
             return {"policy.model": model_dir, "policy.backend": "peft", "policy.dtype": "float32"}
         return {"policy.model": model_dir, "policy.backend": backend, "policy.device": "gpu"}
 
     def recipe_file(self, diagnoser_url: str) -> Path:
-        """The run's recipe: the smallest that trains, plays real BFCL tasks and checkpoints every step."""
+        """The part's recipe: the smallest that trains, plays real BFCL tasks and checkpoints every step, on the
+        part's backend (``BACKENDS``)."""
         import yaml
 
         from seal_lite.core.recipe import load_recipe
 
-        overrides = self.policy_overrides(self.model_dir(), RUN_BACKEND) | {
+        overrides = self.policy_overrides(self.model_dir(), BACKENDS[self.part]) | {
             "name": "gpu-e2e", "seed": 3, "policy.lora_r": 16, "policy.lora_alpha": 32,
             "data.task_ids": TASKS, "grpo.tasks_per_step": 2, "grpo.mini_batches": 2, "grpo.steps": STEPS,
             "grpo.learning_rate": 1e-2, "grpo.keep_checkpoints": 1, "rollout.num_generations": 4,
@@ -423,7 +450,7 @@ class Context:
             "interface.tool_format": "signatures", "diagnoser.mode": "url", "diagnoser.url": diagnoser_url,
             "diagnoser.max_per_step": 2, "diagnoser.timeout_s": 10,
         }
-        path = self.work / "recipe.yaml"
+        path = self.work / f"recipe-{self.part}.yaml"
         path.write_text(yaml.safe_dump(load_recipe(None, overrides).model_dump(mode="json")))
         return path
 
@@ -501,6 +528,82 @@ def stub_diagnoser():
         server.shutdown()
 
 
+def watch_step(cuda: bool) -> dict:
+    """Record what a SEAL step does in this process: the trainer ("trainer"); the dtype and 4-bit layers of the
+    policy the paged engine plays ("policy") and the attention each forward of its plays ran with ("attention"); and
+    around each ``release`` the memory PyTorch reserves and the memory free on the card, which the update's
+    ``hold_budget`` sees (on a CPU only that it ran: "releases"). After a release the card's peak counter restarts,
+    so that it measures the update."""
+    import torch
+
+    from seal_lite.engines.paged_rollouts import PagedGenerator
+    from seal_lite.training.grpo import SealGRPOTrainer
+
+    seen = {"attention": set(), "releases": []}
+    init, play, release = SealGRPOTrainer.__init__, PagedGenerator._play, PagedGenerator.release
+
+    def watched_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen["trainer"] = self
+
+    def watched_play(self, *args, **kwargs):
+        model = self.model.get_base_model()
+        seen["policy"] = {"dtype": str(model.dtype).removeprefix("torch."),
+                          "nf4": getattr(model, "is_loaded_in_4bit", False)}
+        hook = model.register_forward_pre_hook(
+            lambda module, arguments: seen["attention"].add(module.config._attn_implementation))
+        try:
+            return play(self, *args, **kwargs)
+        finally:
+            hook.remove()
+
+    def watched_release(self):
+        before = torch.cuda.memory_reserved() if cuda else None
+        release(self)
+        if cuda:
+            seen["releases"].append({"reserved_before_gb": gigabytes(before),
+                                     "reserved_after_gb": gigabytes(torch.cuda.memory_reserved()),
+                                     "free_after_gb": gigabytes(torch.cuda.mem_get_info()[0])})
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            seen["releases"].append({"ran": True})
+
+    SealGRPOTrainer.__init__, PagedGenerator._play, PagedGenerator.release = watched_init, watched_play, watched_release
+    return seen
+
+
+def judge_every_other_episode_passed() -> None:
+    """Stand in for the official verdict in this process: within each group every other episode is judged passed
+    (its turn labels stay the checker's), so rewards mix and the update trains on what the engine sampled. A random
+    model passes nothing, and the scripted ground truth of the other parts would carry log-probs that the engine
+    never sampled."""
+    from seal_lite.step import algorithm
+
+    diagnose, episodes = algorithm.diagnose_episode, itertools.count()
+
+    def judged(task, records):
+        return dataclasses.replace(diagnose(task, records), valid=next(episodes) % 2 == 0)
+
+    algorithm.diagnose_episode = judged
+
+
+@contextlib.contextmanager
+def t4_attention(cuda: bool):
+    """On a GPU, SDPA held to the kernels a T4 (sm75) has: memory-efficient and math, no flash or cuDNN attention.
+    A CPU has no other kernels to rule out."""
+    if not cuda:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        yield
+
+
+def gigabytes(size: int) -> float:
+    return round(size / 2**30, 3)
+
+
 def kill_after_checkpoint(process: subprocess.Popen, db_path: Path) -> int | None:
     """SIGKILL ``process`` as soon as its store has a committed checkpoint; the last committed step then, or None
     if the process ended first."""
@@ -526,61 +629,6 @@ def read_store(db_path: Path) -> dict:
             "metrics": {step: store.step_metrics(step) for step in steps},
             "diagnoses": store.db["diagnoses"].count_where("status = 'ok'"),
             "validation_steps": sorted({row["step"] for row in store.validations()})}
-
-
-@contextlib.contextmanager
-def decode_graphs_forced(enabled: bool | None, allow_qwen2: bool = False):
-    """Unsloth's decode graphs forced on or off, or None: as its RL generation scope decides (its programmatic
-    override ``ENABLED``); ``allow_qwen2``: Qwen2 models among those it captures. Yields the module, None without
-    Unsloth (a CPU)."""
-    try:
-        from unsloth.models import _decode_graphs
-    except ImportError:
-        yield None
-        return
-    before, supported = _decode_graphs.ENABLED, set(_decode_graphs._SUPPORTED_MODEL_TYPES)
-    _decode_graphs.ENABLED = enabled
-    if allow_qwen2:
-        _decode_graphs._SUPPORTED_MODEL_TYPES.add("qwen2")
-    try:
-        yield _decode_graphs
-    finally:
-        _decode_graphs.ENABLED = before
-        _decode_graphs._SUPPORTED_MODEL_TYPES.intersection_update(supported)
-
-
-def graph_stats(module, model) -> dict:
-    stats = [module.stats(m) for m in model.modules() if "_unsloth_decode_graphs" in vars(m)]
-    layers = next((m for m in model.modules() if type(m).__name__.endswith("Model") and hasattr(m, "layers")), None)
-    return {"per_model": [s for s in stats if s], "ineligible": module._eligible(model, getattr(layers, "layers", None))}
-
-
-def time_decode(policy, ids, new: int) -> dict:
-    """ms per decode step of a greedy generate call (fastest of 2 of each of 1 and ``new`` tokens) and its tokens."""
-    import torch
-
-    def generate(tokens: int):
-        with torch.no_grad(), policy.generation_mode(policy.model):
-            return policy.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                                         min_new_tokens=tokens, do_sample=False,
-                                         pad_token_id=policy.tokenizer.pad_token_id)
-
-    def fastest(tokens: int) -> tuple[float, object]:
-        times, output = [], None
-        for _ in range(2):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            output = generate(tokens)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - started)
-        return min(times), output
-
-    prefill, _ = fastest(1)
-    whole, output = fastest(new)
-    return {"ms_per_step": round(1000 * (whole - prefill) / (new - 1), 2), "prefill_s": round(prefill, 3),
-            "tokens": output[:, ids.size(1):].tolist()}
 
 
 def tail(text: str, size: int = 1500) -> str:
@@ -634,7 +682,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="folder for one JSON file per part")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated, in order (default: {','.join(PARTS)}; also: {','.join(BENCHMARKS)})")
-    parser.add_argument("--cpu", action="store_true", help="the tiny model and peft on the CPU (the test suite's)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="the tiny model on the CPU, peft standing in for the GPU backends but in paged_fp16 "
+                             "(the test suite's)")
     parser.add_argument("--part", choices=PARTS + BENCHMARKS, help=argparse.SUPPRESS)  # one part, in this process
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--harness", choices=["cli"], help=argparse.SUPPRESS)  # seal-lite, scripted

@@ -67,6 +67,7 @@ from seal_lite.core.plan import (  # noqa: E402
     PAGED_BLOCK_SIZE,
     Speed,
     card_budget,
+    card_memory,
     card_paged,
     card_vllm,
     episode_cases,
@@ -140,7 +141,8 @@ def plan(seeds: int, overrides: list[str], speed: Speed = Speed()) -> dict:
     for card in CARDS:
         budget = card_budget(recipe, shape, card)
         row = {"card": card, "budget": budget, "rows": budget // recipe.rollout.max_context_tokens, "cases": {},
-               "unsloth_update": run_cost(unsloth, shape, card, like_truth, speed, truth_steps)["update"] / 3600}
+               "unsloth_update": run_cost(unsloth, shape, card, like_truth, speed, truth_steps)["update"] / 3600,
+               "update_gb": card_memory(recipe, shape, card)["update_gb"]}  # what `recipe --card` prints
         if card.vllm:
             row["vllm_memory"], row["vllm_cache_tokens"] = card_vllm(recipe, shape, card)
         row["paged_pool_tokens"] = card_paged(recipe, shape, card)
@@ -153,9 +155,9 @@ def plan(seeds: int, overrides: list[str], speed: Speed = Speed()) -> dict:
                                      "total": 2 * seeds * run["hours"] + (2 * seeds + 1) * evaluated["hours"]}
         cards.append(row)
     update_gb = update_peak_bytes(shape, recipe.rollout.max_context_tokens, 2, recipe.policy.lora_r,
-                                  shares_prefix(recipe)) / GIB
+                                  shares_prefix(recipe), episodes["whole budget"][0].opening) / GIB
     return {"recipe": recipe, "seeds": seeds, "episodes": {case: value[0] for case, value in episodes.items()},
-            "cards": cards, "update_gb": update_gb, "power": power_table(seeds), "speed": speed}
+            "cards": cards, "update_gb": update_gb, "power": power_table(seeds), "speed": speed, "shape": shape}
 
 
 def print_plan(design: dict) -> None:
@@ -201,9 +203,16 @@ def print_design(design: dict) -> None:
 
 def print_cost(design: dict) -> None:
     recipe, seeds, speed, update_gb = design["recipe"], design["seeds"], design["speed"], design["update_gb"]
+    kept = {}  # the cards where the update keeps its suffixes' graphs, by its peak there
+    for row in design["cards"]:
+        if round(row["update_gb"], 1) != round(update_gb, 1):
+            kept.setdefault(f"{row['update_gb']:.1f}", []).append(row["card"].name)
+    with_kept = "".join(f", {peak} GB with the suffixes' graphs it keeps on {', '.join(names)}"
+                        for peak, names in kept.items())
     print("\nESTIMATED GPU hours (no GPU has run these steps; the speeds below are assumptions). Per card, the "
           "memory model (seal_lite/core/memory.py) sizes each generate call: padded tokens a call, rows of the full "
-          f"context; the update's estimated peak is {update_gb:.1f} GB (seal_lite/core/plan.py, update_peak_bytes).")
+          f"context; the update's estimated peak is {update_gb:.1f} GB{with_kept} (seal_lite/core/plan.py, "
+          "update_peak_bytes and card_memory: what `seal-lite recipe --card` prints).")
     print("| card | tokens per call (rows of 16k) | run: prefill + decode + update + validation, h | evaluation, h "
           f"| total, {2 * seeds} runs + {2 * seeds + 1} evaluations, h | whole-budget bound, total h |")
     print("|---|---|---|---|---|---|")
@@ -211,7 +220,7 @@ def print_cost(design: dict) -> None:
         card = row["card"]
         setting = "" if row["budget"] == recipe.rollout.generation_token_budget else \
             f" (--set rollout.generation_token_budget={row['budget']})"
-        fits = "" if update_gb < 0.9 * card.memory_gb else ", update tight"
+        fits = "" if row["update_gb"] <= 0.9 * card.memory_gb else ", update tight"
         print(f"| {card.name} ({card.memory_gb} GB{fits}) | {row['budget']:,} ({row['rows']}){setting} | "
               f"{hours_cells(row, '')}")
     print(f"Assumed (not measured): prefill at {speed.prefill_mfu:.0%} and the update at {speed.update_mfu:.0%} of the "
@@ -281,12 +290,15 @@ def print_paged_cost(design: dict) -> None:
     for row in design["cards"]:
         card, pool = row["card"], row["paged_pool_tokens"]
         print(f"| {card.name} ({card.memory_gb} GB) | {pool:,} ({pool // context}) | {hours_cells(row, ', paged')}")
+    shape = design["shape"]
     print(f"Assumed (not measured): a paged step at least {speed.paged_decode_floor_s * 1000:.0f} ms (generate's "
           "floor: Python and kernel launches every step); attention by torch's SDPA without flash attention (none "
           "is installed; the T4 has none), which attends every query of a pass to every key the pass reads, so a "
-          "step's attention grows with the square of the rows and its bytes with the keys gathered out of the pool; "
-          "each prefill token attends to all the batch's keys too (SDPA's copy of the keys for every head, which "
-          "generate's padded calls make as well, is counted for neither). The rest as above. A run reads "
+          "step's attention grows with the square of the rows and its bytes with the keys and values it reads: out "
+          "of the pool, gathered, and copied to every attention head, as transformers does with a mask "
+          f"({3 + 2 * shape.heads / shape.kv_heads:g} times their bytes, counted); each prefill token attends to all "
+          "the batch's keys too. Generate's padded calls make the same copy to every head, which generate's "
+          "estimate does not yet count. The rest as above. A run reads "
           f"{design['cards'][0]['cases']['like the ground truth, paged']['run']['prefill_tokens'] / 1e9:.2f} G tokens "
           "by prefills.")
 

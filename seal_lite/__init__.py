@@ -6,6 +6,11 @@ import nothing heavy.
 """
 
 import importlib
+import os
+
+# expandable segments: less fragmentation between 16k-token generate calls and the update; never over a user's setting
+if "PYTORCH_ALLOC_CONF" not in os.environ:
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 _FROM_API = ("run", "screen", "evaluate", "verify", "prompt", "report", "export", "diagnose", "trajectory", "doctor",
              "checked_recipe", "load_recipe", "SealLiteError", "ToolEnvironment")

@@ -72,7 +72,9 @@ def _arguments(command: str, recipe, out, overrides, *extra: str) -> list[str]:
               help="Run on N processes of this machine (one per GPU) with accelerate (docs/distributed.md).")
 @click.option("-v", "--verbose", is_flag=True, help="Also show the libraries' warnings, log lines and progress bars "
               "(always in RUN/run.log).")
-def run(recipe, overrides, out, overwrite, processes, verbose):
+@click.option("--no-fit-check", is_flag=True, help="Start even where, by the plan's figures (`seal-lite recipe RECIPE "
+              "--card here`), the recipe does not fit the GPU torch sees.")
+def run(recipe, overrides, out, overwrite, processes, verbose, no_fit_check):
     """Run the SEAL loop: roll out on BFCL, verify, diagnose, weight, and update a LoRA policy.
 
     RECIPE is a YAML file (default: the CPU quickstart); everything goes to the run directory's seal.db
@@ -85,15 +87,19 @@ def run(recipe, overrides, out, overwrite, processes, verbose):
       seal-lite run recipes/quickstart.yaml --set grpo.steps=1 --out runs/try
     """
     from seal_lite.console import RichProgress, print_recipe, print_summary
+    from seal_lite.runs import preflight
 
     launched = api.launched_processes()
     if processes > 1 and launched > 1 and processes != launched:
         raise click.BadParameter(f"the launcher started {launched} processes; leave --processes out under "
                                  "accelerate launch", param_hint="--processes")
     config = _load(recipe, overrides, out=out, processes=max(processes, launched))
+    if not no_fit_check:
+        preflight.check_fit(config, recipe or "default recipe")
     if processes > 1 and launched == 1:  # accelerate starts the processes, each runs this command without it
         api.relaunch(processes, _arguments("run", recipe, out, overrides, *(["--overwrite"] if overwrite else []),
-                                           *(["--verbose"] if verbose else [])))
+                                           *(["--verbose"] if verbose else []),
+                                           *(["--no-fit-check"] if no_fit_check else [])))
 
     def announce(out_dir, resumed):
         if resumed:
@@ -331,6 +337,55 @@ def recipe(recipe, overrides, out, fields, card):
     click.echo(yaml.safe_dump(loaded.model_dump(), sort_keys=False).rstrip())
     if loaded.data.environment != "bfcl":
         click.echo(api.describe_environment(loaded.data.environment), err=True)
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(exists=True, dir_okay=False))
+@set_option
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Where the rehearsal goes (default runs/<name>-rehearsal; started afresh each time).")
+@click.option("--card", type=click.Choice(CARD_KEYS),
+              help="The GPU class to rehearse for (default: the smallest the recipe fits by the memory model).")
+def rehearse(recipe, overrides, out, card):
+    """Rehearse a GPU recipe on this CPU before renting a card: its own backend, dtype (fp16 with loss scaling for a
+    T4), 4-bit layers, rollout engine and attention, shared-prefix update, validation and checkpoints, on a
+    random-weight model of its architecture shrunk to run in minutes; two steps, killed after the first
+    checkpoint and resumed. Prints what ran beside what the card runs, each check, and what only a GPU can show.
+    Exit status 1 if a check failed. With `seal-lite recipe RECIPE --card CARD` (memory and hours) it answers
+    "will my recipe work on that card".
+
+    \b
+    Example:
+      seal-lite rehearse recipes/colab-t4.yaml
+    """
+    from seal_lite.runs.rehearse import GPU_ONLY
+
+    done = api.rehearse(recipe, api.parse_overrides(overrides), out, card, echo=click.echo)
+    width = max(len(setting.name) for setting in done.settings)
+    click.echo(f"\n{'':{width}}  on a {done.card.name}  |  rehearsed here")
+    for setting in done.settings:
+        click.echo(f"{setting.name:{width}}  {setting.on_card}  |  {setting.rehearsed}"
+                   + (f"\n{'':{width}}    ({setting.note})" if setting.note else ""))
+    click.echo("\nChecks:")
+    for check in done.checks:
+        click.echo(f"  {'ok  ' if check.ok else 'FAIL'}  {check.name}: {check.detail}")
+    click.echo("\nOnly a GPU can show: " + "; ".join(GPU_ONLY) + ".")
+    click.echo(f"\n{'Rehearsal passed' if done.ok else 'Rehearsal FAILED'} in {done.seconds:.0f} s; its run and "
+               f"the processes' output are in {done.out_dir}.")
+    if not done.ok:
+        sys.exit(1)
+
+
+@main.command(name="rehearsal-child", hidden=True, context_settings={"ignore_unknown_options": True})
+@click.argument("facts_file")
+@click.argument("arguments", nargs=-1, type=click.UNPROCESSED)
+def rehearsal_child(facts_file, arguments):
+    """`seal-lite rehearse`'s child process: `seal-lite ARGUMENTS` with the rehearsal's stand-ins, recording what ran
+    to FACTS_FILE."""
+    from seal_lite.runs.rehearse import instrument
+
+    instrument(facts_file)
+    main(list(arguments), prog_name="seal-lite")
 
 
 @main.command()

@@ -443,9 +443,8 @@ def print_card_plan(recipe, plan: dict) -> None:
                   f"{card.bandwidth:g} TB/s), policy.backend {recipe.policy.backend}, {plan['rollouts']} rollouts:")
     if plan["rollouts"] == "paged":  # no generate call: a KV pool sized for the card, whatever the token budget
         console.print(f"  rollouts  paged: a KV pool of {plan['pool_tokens']:,} tokens fits beside the weights, "
-                      f"{plan['pool_tokens'] // recipe.rollout.max_context_tokens} episodes of the full context at "
-                      f"once; one context and a forward pass: {fits[plan['pool_fits']]} (the memory model, on SDPA "
-                      "without flash attention)")
+                      f"{plan['live_rows']} episodes of the full context at once; one context and a forward pass: "
+                      f"{fits[plan['pool_fits']]} (the memory model, on SDPA without flash attention)")
         if not plan["pool_fits"]:
             console.print("            to fit: a smaller rollout.max_context_tokens or a larger card")
     else:

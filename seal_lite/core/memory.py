@@ -185,6 +185,14 @@ def paged_bytes(shape: Shape, pool_tokens: int, batch_tokens: int, dtype_bytes: 
             "hidden": terms["hidden"], "mlp": terms["mlp"], "logits": batch_tokens * shape.vocab * 4}
 
 
+def paged_live_rows(pool_tokens: int, max_context_tokens: int, rows_cap: int | None) -> int:
+    """Episodes the paged engine lets play at once: as many as its KV pool of ``pool_tokens`` holds at the full
+    context, at most ``rows_cap`` (rollout.generation_batch_size; None: no cap), at least one. More would not fit
+    once they grow: transformers' scheduler then evicts some, and each evicted one is prefilled again whole."""
+    rows = pool_tokens // max_context_tokens
+    return max(1, rows if rows_cap is None else min(rows, rows_cap))
+
+
 def paged_pool_tokens(shape: Shape, available_bytes: float, batch_tokens: int, dtype_bytes: int) -> int:
     """The largest KV pool, in tokens, whose ``paged_bytes`` peak fits in ``available_bytes`` (what the card has
     once the policy is loaded, less the headroom left free). 0: not even the forward pass fits."""

@@ -22,6 +22,7 @@ from seal_lite.core.memory import (
     NF4_BYTES,
     Shape,
     generate_peak,
+    paged_live_rows,
     paged_pool_tokens,
     resident_bytes,
     rollout_token_budget,
@@ -87,17 +88,19 @@ def episode_cases(rollout, speed: Speed, split: str = "train") -> dict[str, tupl
 
 class Card(NamedTuple):
     """A GPU of one card class of docs/gpu.md: its memory, 16-bit dense tensor TFLOP/s and memory TB/s (the
-    vendors' datasheets), and whether ``rollout.backend: vllm`` can play rollouts there (Ampere or newer)."""
+    vendors' datasheets), whether ``rollout.backend: vllm`` can play rollouts there (Ampere or newer) and whether
+    it computes bf16 (Ampere or newer; before, ``policy.dtype: auto`` is fp16)."""
 
     name: str
-    memory_gb: int
+    memory_gb: float
     tflops: float
     bandwidth: float
     vllm: bool = True
+    bf16: bool = True
 
 
 CARDS = (Card("A100 80GB", 80, 312, 2.04), Card("H100 80GB SXM", 80, 989, 3.35), Card("L40S", 48, 362, 0.864),
-         Card("RTX 4090", 24, 165, 1.01), Card("T4", 15, 65, 0.32, vllm=False))
+         Card("RTX 4090", 24, 165, 1.01), Card("T4", 15, 65, 0.32, vllm=False, bf16=False))
 
 
 class Speed(NamedTuple):
@@ -188,32 +191,32 @@ def paged_pass_flops(shape, queries: float, keys: float) -> float:
 
 
 def paged_rollout_cost(shape, card: Card, episode: Episode, trajectories: int, group_size: int, pool_tokens: int,
-                       rows_cap: int, speed: Speed) -> dict:
+                       max_context_tokens: int, rows_cap: int | None, speed: Speed) -> dict:
     """Seconds of prefill and decode for ``trajectories`` episodes on transformers' continuous batching on paged
     attention (``rollout.backend: paged``, seal_lite/engines/paged_rollouts.py), an ESTIMATE priced for torch's SDPA
     (no flash attention: the T4 has none, and seal-lite installs none). Its prefix blocks read each task's opening
     once for its group, then per episode what the environment appends and, at each model message, the tokens after
     its last complete block again (``PAGED_BLOCK_SIZE`` / 2 on average). It decodes continuously, as many episodes
-    at once as its pool holds at their full length and at most ``rows_cap``: R rows of the mean width W.
+    at once as the engine lets live (``paged_live_rows``: its pool at the full context, at most ``rows_cap``): R
+    rows of the mean width W.
 
     SDPA attends every query of a forward pass to every key the pass reads, with a dense block-diagonal mask
     (transformers/integrations/sdpa_paged.py), so a decode step computes R x (R x W) query-key pairs, quadratic in
-    R, and moves the weights, the R x W keys and values read out of the pool, and their copy gathered out of it,
-    written and read again (the mask, R x R x W, is smaller by far and left out). With a mask, transformers' SDPA
-    also repeats the keys and values to every attention head, in this engine as in generate's padded calls
-    (``use_gqa_in_sdpa``): neither estimate counts that copy, so the two compare alike. Each
-    prefill token is priced as attending to R x W keys as well, by its FLOPs alone (a pass of
-    ``PAGED_PREFILL_TOKENS`` queries moves the bytes of a decode step, which its FLOPs outweigh on every card here):
-    an estimate, since the keys of a pass depend on which rows share it. A decode step takes the longest of the
-    floor, its bytes and its FLOPs."""
+    R, and moves the weights and, per key read, its keys and values 3 + 2 x heads / kv_heads times: read out of
+    the pool, written gathered, read by ``repeat_kv``, written once for every attention head and read so by SDPA
+    (with as many KV heads as heads, SDPA's ``.contiguous()`` makes the same copy). The mask, R x R x W, is smaller
+    by far and left out. Each prefill token is priced as attending to R x W keys as well, by its FLOPs alone (a
+    pass of ``PAGED_PREFILL_TOKENS`` queries moves the bytes of a decode step, which its FLOPs outweigh on every
+    card here): an estimate, since the keys of a pass depend on which rows share it. A decode step takes the
+    longest of the floor, its bytes and its FLOPs."""
     tasks = trajectories / group_size
     mean_width = episode.opening + (episode.model_tokens + episode.env_tokens) / 2
-    rows = max(1, min(trajectories, rows_cap, math.floor(pool_tokens / episode.length())))
+    rows = min(trajectories, paged_live_rows(pool_tokens, max_context_tokens, rows_cap))
     keys = rows * mean_width  # what each forward pass reads, and each of its queries attends to
     prefill_tokens = tasks * episode.opening + trajectories * (episode.env_tokens
                                                                + episode.messages * PAGED_BLOCK_SIZE / 2)
-    copies = 2 * kv_bytes(shape)  # a key's keys and values gathered out of the pool, written then read
-    step_bytes = weight_bytes(shape) + keys * (kv_bytes(shape) + copies)
+    moved = kv_bytes(shape) * (3 + 2 * shape.heads / shape.kv_heads)  # a key's bytes read and written a step
+    step_bytes = weight_bytes(shape) + keys * moved
     step = max(speed.paged_decode_floor_s, step_bytes / (card.bandwidth * 1e12 * speed.bandwidth_share),
                paged_pass_flops(shape, rows, keys) / (card.tflops * 1e12 * speed.prefill_mfu))
     return {"prefill_tokens": prefill_tokens,
@@ -290,6 +293,17 @@ def kept_suffix_bytes(recipe, shape, episode: Episode, context: int) -> float:
     return update_group(recipe) * shape.layers * suffix * shape.hidden * 2
 
 
+def kept_graph_bytes(recipe, shape, episode: Episode, context: int) -> float:
+    """All that a group's kept suffix graphs hold: their layers' inputs (``kept_suffix_bytes``, all the trainer counts
+    against its budget) and, per suffix, what its graph keeps outside them: the bool mask of its queries against the
+    opening's keys and its own, which every layer's checkpoint holds (a byte a query-key pair), and the final
+    RMSNorm's fp32 input and 16-bit output, saved for its backward (6 bytes a hidden unit)."""
+    length = min(episode.length(), context)
+    suffix = length - episode.opening
+    return kept_suffix_bytes(recipe, shape, episode, context) + update_group(recipe) * suffix * (length
+                                                                                               + 6 * shape.hidden)
+
+
 def suffixes_kept(recipe, shape, card: Card, episode: Episode, context: int) -> bool:
     """Whether the update keeps its suffixes' graphs instead of recomputing them on ``card``: with the shared
     prefix and gradient checkpointing (on with a GPU unless the recipe says otherwise), when a group's fit in
@@ -349,7 +363,7 @@ def engine_cost(recipe, shape, card: Card, episode: Episode, trajectories: int, 
                                  speed)
     if engine == "paged":
         return paged_rollout_cost(shape, card, episode, trajectories, group_size, card_paged(recipe, shape, card),
-                                  recipe.generation_batch(), speed)
+                                  recipe.rollout.max_context_tokens, recipe.generation_batch(), speed)
     if engine != "generate":
         raise ValueError(f"no cost model for the rollout engine {engine!r}; there are {', '.join(ENGINES)}")
     return rollout_cost(shape, card, episode, trajectories, recipe.generation_batch(), card_budget(recipe, shape, card),
@@ -396,33 +410,49 @@ def card_key(card: Card) -> str:
     return card.name.lower().replace(" ", "-")
 
 
-def update_peak_bytes(shape: Shape, width: int, dtype_bytes: int, lora_rank: int, shared: bool = False) -> int:
+def update_peak_bytes(shape: Shape, width: int, dtype_bytes: int, lora_rank: int, shared: bool = False,
+                      opening: float = 0) -> int:
     """An ESTIMATE (no GPU has measured it; the memory model does not cover the update) of the update's peak for
     one trajectory of ``width`` tokens a pass on either 4-bit backend (QLoRA, gradient checkpointing, log-probs in
-    chunks): the resident part and the CUDA context, each layer's checkpointed input, one layer recomputed (its MLP's
-    three intermediates and four hidden-sized tensors), and one chunk's fp32 logits with their gradient
-    (benchmarks/gpu_memory.py ``estimate``'s training terms; with its CUDA context of 0.8 GB rather than 0.6, its
-    13.0 GB for 7B at 16k, where this gives 12.8). ``shared``: the update scores each group with its opening computed
-    once (``shares_prefix``; the same terms, since a pass holds the prefix's layers and one suffix's), and also keeps
-    the opening's keys and values for the suffixes' backward: at most the whole width's."""
-    prefix = kv_bytes(shape) * width if shared else 0
+    chunks): what the backward pass holds throughout, the resident part, the CUDA context and each layer's
+    checkpointed input, and the largest of what one moment adds to it, as autograd runs one step at a time: the LM
+    head's backward (one chunk's fp32 logits with their gradient, beside the final RMSNorm's saves, which no
+    checkpoint covers: its fp32 input and its output) or a recomputed layer's backward (its MLP's three intermediates
+    and four hidden-sized tensors). benchmarks/gpu_memory.py ``estimate`` adds the two moments instead: a bound.
+
+    ``shared``: the update scores each group with its opening computed once (``shares_prefix``; the same terms, since
+    a pass holds the prefix's layers and one suffix's), and also holds the opening's keys and values for the
+    suffixes' backward (at most the whole width's). A suffix pass, of the width less the ``opening`` (0: the whole
+    width, a bound), attends to the opening's keys as well, so transformers gives it a bool mask, queries x keys,
+    which every layer's checkpoint holds. In each layer's forward and its recompute, SDPA takes the keys and values
+    repeated to every head and turns that mask into a 16-bit additive one, padded to its mem-efficient kernel's
+    alignment (two more 16-bit query-key tensors); the layer's backward holds the padded one and the repeated keys
+    and values beside its MLP's intermediates."""
     checkpointed = shape.layers * width * shape.hidden * dtype_bytes
-    recomputed = width * (3 * shape.intermediate + 4 * shape.hidden) * dtype_bytes
-    logits = LOGPROB_CHUNK * shape.vocab * 4 * 2
-    return int(resident_bytes(shape, dtype_bytes, True, lora_rank) + CUDA_CONTEXT + checkpointed + recomputed + logits
-               + prefix)
+    held = resident_bytes(shape, dtype_bytes, True, lora_rank) + CUDA_CONTEXT + checkpointed
+    head = LOGPROB_CHUNK * shape.vocab * 4 * 2 + width * shape.hidden * (4 + dtype_bytes)
+    layer = width * (3 * shape.intermediate + 4 * shape.hidden) * dtype_bytes
+    attention = 0
+    if shared:
+        pairs = (width - opening) * width  # a suffix's queries x the keys it reads
+        repeated = width * 2 * shape.heads * shape.head_dim * dtype_bytes
+        held += kv_bytes(shape) * width + pairs
+        layer += pairs * dtype_bytes + repeated
+        attention = pairs * 2 * dtype_bytes + repeated
+    return int(held + max(head, layer, attention))
 
 
-def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
-    """``recipe`` on ``card``: its rollouts' widest generate call by the memory model (rows of the full context at
-    the recipe's token budget) against the card with 10% left free, the budget that fits (``rollout_token_budget``),
-    the update's estimated peak (with the suffix graphs it keeps, where it keeps them), and the hours of a step and
-    of the run for episodes like the ground truth's (measured on the BFCL data under the official view) and for
-    episodes that spend the whole budget. The engine is the policy backend's; ``auto`` counts both GPU backends
-    (Unsloth where it is installed, else bitsandbytes and peft), so what it finds fits either. The rollouts are
-    priced on vLLM with ``rollout.backend: vllm`` where the card runs it, on the paged engine with ``rollout.backend:
-    paged`` (its pool, ``card_paged``, fits when it holds one context and one prefill pass: less, and the engine
-    takes that much anyway), else on generate."""
+def card_memory(recipe, shape: Shape, card: Card) -> dict:
+    """``recipe``'s memory on ``card``: its rollouts' widest generate call by the memory model (rows of the full
+    context at the recipe's token budget) against the card with 10% left free, the budget that fits
+    (``rollout_token_budget``), the paged engine's pool and the episodes it lets live (``paged_live_rows``), and the
+    update's estimated peak on trajectories of the full context, with the suffix graphs it keeps where it keeps them
+    (for episodes like the ground truth's and for those that spend the whole budget, whose opening is the measured
+    one). The engine is the policy backend's; ``auto`` counts both GPU backends (Unsloth where it is installed, else
+    bitsandbytes and peft), so what it finds fits either. The rollouts are vLLM's with ``rollout.backend: vllm``
+    where the card runs it, the paged engine's with ``rollout.backend: paged`` (its pool fits when it holds one
+    context and one prefill pass: less, and the engine takes that much anyway), else generate's. What `seal-lite
+    run` checks against the GPU it finds (seal_lite/runs/preflight.py ``fit_problems``)."""
     rollout, backend = recipe.rollout, recipe.policy.backend
     engines = {"unsloth": ["unsloth"], "auto": ["unsloth", "peft"]}.get(backend, ["peft"])
     quantized, card_bytes = backend != "peft", card.memory_gb * GIB
@@ -433,25 +463,36 @@ def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
     resident = resident_bytes(shape, 2, quantized, recipe.policy.lora_r) + CUDA_CONTEXT
     call = resident + max(generate_peak(shape, rows, rollout.max_context_tokens - rollout.max_new_tokens,
                                         rollout.max_new_tokens, 2, engine) for engine in engines)
-    update = update_peak_bytes(shape, rollout.max_context_tokens, 2, recipe.policy.lora_r, shares_prefix(recipe))
-    engine = {"vllm": "vllm" if card.vllm else "generate", "paged": "paged"}.get(rollout.backend, "generate")
+    cases = {case: episode for case, (episode, _) in episode_cases(rollout, Speed()).items()}
+    update = update_peak_bytes(shape, rollout.max_context_tokens, 2, recipe.policy.lora_r, shares_prefix(recipe),
+                               cases["whole budget"].opening)
+    kept = [kept_graph_bytes(recipe, shape, episode, trained_length(rollout, episode)) for episode in cases.values()
+            if suffixes_kept(recipe, shape, card, episode, trained_length(rollout, episode))]
+    update += max(kept, default=0.0)  # the group's other suffixes' graphs on top of one trajectory's
     pool = card_paged(recipe, shape, card)
-    steps = recipe.grpo.steps
-    hours, kept = {}, 0.0
+    return {"card": card, "engines": engines, "rows": rows, "budget": budget, "fitting_budget": fits,
+            "call_gb": call / GIB, "update_gb": update / GIB, "shared_prefix": shares_prefix(recipe),
+            "call_fits": call <= 0.9 * card_bytes, "update_fits": update <= 0.9 * card_bytes,
+            "rollouts": {"vllm": "vllm" if card.vllm else "generate", "paged": "paged"}.get(rollout.backend,
+                                                                                           "generate"),
+            "pool_tokens": pool, "live_rows": paged_live_rows(pool, rollout.max_context_tokens,
+                                                              recipe.generation_batch()),
+            "pool_fits": pool >= rollout.max_context_tokens + PAGED_PREFILL_TOKENS}
+
+
+def card_plan(recipe, shape: Shape, card: Card, speed: Speed = Speed()) -> dict:
+    """``recipe`` on ``card``: its memory there (``card_memory``), and the hours of a step and of the run, on the
+    rollout engine ``card_memory`` names, for episodes like the ground truth's (measured on the BFCL data under the
+    official view) and for episodes that spend the whole budget."""
+    memory = card_memory(recipe, shape, card)
+    rollout, steps = recipe.rollout, recipe.grpo.steps
+    hours = {}
     held_out = episode_cases(rollout, speed, recipe.validation.split)
     for case, (episode, decode_steps) in episode_cases(rollout, speed).items():
-        run = run_cost(recipe, shape, card, episode, speed, decode_steps, engine, held_out[case][0])
+        run = run_cost(recipe, shape, card, episode, speed, decode_steps, memory["rollouts"], held_out[case][0])
         validation = run["validation"] / 3600
         context = trained_length(rollout, episode)
         hours[case] = {"step": (run["hours"] - validation) / steps, "run": run["hours"], "validation": validation,
                        "validations": run["validations"], "update_share": run["update"] / 3600 / run["hours"],
                        "suffixes_kept": suffixes_kept(recipe, shape, card, episode, context)}
-        if hours[case]["suffixes_kept"]:  # the group's other suffixes' graphs on top of one trajectory's
-            kept = max(kept, kept_suffix_bytes(recipe, shape, episode, context))
-    update += kept
-    return {"card": card, "engines": engines, "rows": rows, "budget": budget, "fitting_budget": fits,
-            "call_gb": call / GIB, "update_gb": update / GIB, "shared_prefix": shares_prefix(recipe),
-            "call_fits": call <= 0.9 * card_bytes, "update_fits": update <= 0.9 * card_bytes,
-            "rollouts": engine, "pool_tokens": pool,
-            "pool_fits": pool >= rollout.max_context_tokens + PAGED_PREFILL_TOKENS, "hours": hours}
-
+    return {**memory, "hours": hours}

@@ -6,17 +6,23 @@ look like what they claim to be), its BFCL task ids exist, the backends it asks 
 bytes of a file and the BFCL id lists; no model is loaded and nothing is downloaded. Each problem is a
 ``(field, value, message)`` whose message says what to do instead.
 
+``check_fit`` (``seal-lite run`` only, unless --no-fit-check) then holds the recipe against the GPU torch sees, by
+the plan's figures (seal_lite/core/plan.py): a recipe that cannot fit stops here, not at its first generate call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import os
 import re
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from seal_lite.core.memory import GIB, KNOWN_SHAPES, Shape
+from seal_lite.core.plan import Card, card_memory
 from seal_lite.core.recipe import (
     DataConfig,
     DiagnoserConfig,
@@ -137,6 +143,14 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _gpu_memory() -> tuple[str, int]:
+    """The name and total bytes of the GPU this process would train on (torch's current device)."""
+    import torch
+
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return properties.name, properties.total_memory
 
 
 def load_checked_recipe(path: str | Path | None = None, overrides: dict | None = None) -> Recipe:
@@ -341,3 +355,53 @@ def out_dir_problem(out_dir: Path) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable; choose another --out (or output_dir), or fix its permissions"
     return None
+
+
+def model_shape(spec: str) -> Shape | None:
+    """The shape of policy.model ``spec`` where it is known without loading the model: a GPU recipe's model
+    (``KNOWN_SHAPES``) or a model directory's config.json; None otherwise (a GGUF, a registry name, another hub id)."""
+    if spec in KNOWN_SHAPES:
+        return KNOWN_SHAPES[spec]
+    try:
+        shape = Shape.from_config(json.loads((Path(spec).expanduser() / "config.json").read_text()))
+    except (OSError, ValueError, TypeError):  # no such file, not JSON, or no attention heads: nothing to plan with
+        return None
+    return None if None in dataclasses.astuple(shape) else shape  # a config without a decoder's plain fields
+
+
+FIT_OVERRIDE = ("`seal-lite recipe RECIPE --card here` shows the plan; recipes/gpu-24gb.yaml is made for a 24 GB card "
+                "and recipes/colab-t4.yaml for a T4; `seal-lite run --no-fit-check` starts it anyway")
+
+
+def fit_problems(recipe) -> list[Problem]:
+    """What of ``recipe`` does not fit in 90% of the GPU torch sees, by the plan's figures with that GPU's total
+    memory (``plan.card_memory``, as `seal-lite recipe RECIPE --card here` prints them): its widest generate call or
+    its paged engine's pool (the memory model), and its update (an estimate). None without a GPU, or for a policy
+    whose shape is unknown here (``model_shape``)."""
+    if not _cuda_available() or (shape := model_shape(recipe.policy.model)) is None:
+        return []
+    name, total = _gpu_memory()
+    memory = card_memory(recipe, shape, Card(name, total / GIB, 0, 0))
+    rollout, card = recipe.rollout, f"90% of this GPU's {total / GIB:.1f} GB ({name})"
+    problems: list[Problem] = []
+    if memory["rollouts"] == "generate" and not memory["call_fits"]:
+        needs = (f"its widest generate call, {memory['rows']} rows of {rollout.max_context_tokens:,} tokens, needs "
+                 f"{memory['call_gb']:.1f} GB by the memory model, more than {card}")
+        problems.append(("rollout.generation_token_budget", rollout.generation_token_budget,
+                         f"{needs}; set it to {memory['fitting_budget']}") if memory["fitting_budget"] else
+                        ("rollout.max_context_tokens", rollout.max_context_tokens,
+                         f"{needs}, and not one row of the context fits; lower it"))
+    if memory["rollouts"] == "paged" and not memory["pool_fits"]:
+        problems.append(("rollout.max_context_tokens", rollout.max_context_tokens, f"the paged engine's KV pool, "
+                         f"{memory['pool_tokens']:,} tokens in {card}, cannot hold one context and a forward pass; "
+                         "lower it"))
+    if not memory["update_fits"]:
+        problems.append(("rollout.max_context_tokens", rollout.max_context_tokens, f"the update's estimated peak "
+                         f"on trajectories this long, {memory['update_gb']:.1f} GB, is more than {card}; lower it"))
+    return problems
+
+
+def check_fit(recipe, source: str = "default recipe") -> None:
+    """Raise a ``RecipeError`` listing ``fit_problems``, one line each with its fix, and how to start it anyway."""
+    if problems := fit_problems(recipe):
+        raise RecipeError(f"{problem_lines(source, problems)}\n{FIT_OVERRIDE}")

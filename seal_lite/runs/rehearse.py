@@ -16,8 +16,10 @@ Stand-ins, each in the report:
 * each step plays ``TOY_TASKS_PER_STEP`` task(s) of the recipe's slice, ``TOY_GROUP`` episodes each, of one turn
   and short messages; validation runs after every step on one held-out task; the diagnoser is the recipe's, at
   most one diagnosis a step;
+* fp16's loss scaling: accelerate makes no GradScaler on a CPU, so the rehearsal hands it the one it makes on a
+  GPU (``scale_fp16_losses``);
 * what this CPU cannot run is replaced by the nearest that it can, named: Unsloth (no GPU) by bitsandbytes NF4 and
-  peft; vLLM by the paged engine; bitsandbytes' NF4 in fp16 (no CPU kernel) by fp16 without 4-bit layers.
+  peft, vLLM by the paged engine.
 """
 
 from __future__ import annotations
@@ -101,10 +103,8 @@ def default_card(recipe: Recipe):
     return max(CARDS, key=lambda card: card.memory_gb)
 
 
-def plan(recipe: Recipe, card, model_dir: str, task_ids: list[str], held_out: list[str],
-         fp16_4bit_on_cpu: bool) -> Rehearsal:
-    """The rehearsal of ``recipe`` for ``card``: each setting on the card and here, and the toy run's overrides.
-    ``fp16_4bit_on_cpu``: whether bitsandbytes computes NF4 layers in fp16 on this CPU."""
+def plan(recipe: Recipe, card, model_dir: str, task_ids: list[str], held_out: list[str]) -> Rehearsal:
+    """The rehearsal of ``recipe`` for ``card``: each setting on the card and here, and the toy run's overrides."""
     from seal_lite.engines.policy import choose_backend
     from seal_lite.engines.rollout_engine import rollout_choice
 
@@ -116,20 +116,17 @@ def plan(recipe: Recipe, card, model_dir: str, task_ids: list[str], held_out: li
                             "Unsloth needs a GPU: the same NF4 layers through bitsandbytes and peft" if ran != backend
                             else ""))
     dtype = policy.dtype if policy.dtype != "auto" else ("bfloat16" if card.bf16 else "float16")
-    dtype_ran, quantized = dtype, ran == "peft-4bit"
-    note = "fp16 with loss scaling (GradScaler)" if dtype == "float16" else ""
-    if dtype == "float16" and quantized and not fp16_4bit_on_cpu:
-        ran, quantized = "peft", False
-        note = ("bitsandbytes has no fp16 NF4 kernel on a CPU: fp16 with loss scaling on the unquantized layers; the "
-                "NF4 layers are rehearsed in bf16 by `seal-lite doctor --backend peft-4bit`")
-        settings[0].rehearsed = ran
+    quantized = ran == "peft-4bit"  # bitsandbytes 0.50.2 computes NF4 layers in fp16 and bf16 on a CPU too
+    note = ("fp16 with loss scaling: the GradScaler accelerate makes on a GPU (it makes none on a CPU)"
+            if dtype == "float16" else "")
     settings.append(Setting("dtype", dtype + (" (the card has no bf16)" if dtype == "float16" and policy.dtype == "auto"
-                                              else ""), dtype_ran, note))
+                                              else ""), dtype, note))
     settings.append(Setting("4-bit layers", "NF4 (bitsandbytes)" if backend in ("unsloth", "peft-4bit") else "none",
                             "NF4 (bitsandbytes' CPU kernels)" if quantized else "none"))
-    engine, why = rollout_choice(recipe, gpu=True)
+    engine, _ = rollout_choice(recipe, gpu=True)
     engine_ran = {"vllm": "paged", "llamacpp": "llamacpp"}.get(engine, engine)
-    settings.append(Setting("rollout engine", f"{engine} ({why})", engine_ran,
+    settings.append(Setting("rollout engine", engine + (" (auto, on a GPU)" if rollout.backend == "auto" else ""),
+                            engine_ran,
                             "vLLM needs a GPU: transformers' continuous batching, the nearest" if engine == "vllm"
                             else ""))
     attention = {"paged": "paged|sdpa", "transformers": "sdpa"}.get(engine_ran, "llama.cpp's")
@@ -139,22 +136,23 @@ def plan(recipe: Recipe, card, model_dir: str, task_ids: list[str], held_out: li
     settings.append(Setting("update", _update_text(shared, checkpointing), _update_text(shared, checkpointing),
                             "suffix graphs kept within half the free memory, RAM here" if shared and checkpointing
                             else ""))
-    settings.append(Setting("validation", f"every {recipe.validation.every} steps" if recipe.validation.every
-                            else "none", "after every step, one held-out task"))
+    before = ", and before training" if recipe.validation.before_training else ""
+    settings.append(Setting("validation", f"every {recipe.validation.every} steps{before}" if recipe.validation.every
+                            else "none", f"after every step{before}, one held-out task"))
     settings.append(Setting("model", f"{policy.model} ({_shape_text(model_shape(policy.model))})",
                             f"random weights ({_shape_text(model_shape(model_dir))})"))
     mini_batches = 2  # two micro-batches of TOY_GROUP / 2 episodes: the old log-probs are TRL's pass, as off-policy
     overrides = {
         "name": f"{recipe.name}-rehearsal",
-        "policy.model": model_dir, "policy.device": "auto", "policy.backend": ran, "policy.dtype": dtype_ran,
+        "policy.model": model_dir, "policy.device": "auto", "policy.backend": ran, "policy.dtype": dtype,
         "policy.gradient_checkpointing": checkpointing,
         "rollout.backend": engine_ran, "rollout.num_generations": TOY_GROUP, "rollout.max_turns": 1,
         "rollout.max_model_calls": 2, "rollout.max_new_tokens": 16, "rollout.cache_tokens": None,
-        "rollout.max_response_tokens": None,
         "data.task_ids": task_ids, "data.task_file": None, "data.screen": None,
         "grpo.tasks_per_step": TOY_TASKS_PER_STEP, "grpo.steps": STEPS, "grpo.mini_batches": mini_batches,
         "grpo.micro_batch_size": None, "grpo.keep_checkpoints": 1,
-        "validation.every": 1, "validation.task_ids": held_out, "validation.before_training": False,
+        "validation.every": 1, "validation.task_ids": held_out,
+        "validation.before_training": recipe.validation.before_training,
         "diagnoser.max_per_step": 1,
     }
     if rollout.generation_token_budget is not None:  # rows of the whole context: one call plays a group
@@ -199,7 +197,7 @@ def rehearse(recipe: Recipe, out_dir: Path, card=None, echo=lambda line: None) -
                           f"a rehearsal plays {STEPS * TOY_TASKS_PER_STEP}")
     held_out = validation_task_ids(recipe.validation.model_copy(update={"task_ids": None, "tasks_per_category": 1}),
                                    environment)[:1]
-    rehearsal = plan(recipe, card, str(model_dir), playable[: STEPS * TOY_TASKS_PER_STEP], held_out, False)
+    rehearsal = plan(recipe, card, str(model_dir), playable[: STEPS * TOY_TASKS_PER_STEP], held_out)
     rehearsal.out_dir = out_dir
     toy_recipe = _toy_recipe(recipe, rehearsal.overrides)
     recipe_file = out_dir / "rehearsal.yaml"
@@ -208,7 +206,7 @@ def rehearse(recipe: Recipe, out_dir: Path, card=None, echo=lambda line: None) -
     started = time.perf_counter()
     echo(f"Rehearsing {recipe.name} for a {card.name} in {out_dir}: {STEPS} steps, killed after step 1's "
          "checkpoint and resumed")
-    command = [sys.executable, "-m", "seal_lite.runs.rehearse", str(facts), "run", str(recipe_file), "--out",
+    command = [sys.executable, "-m", "seal_lite", "rehearsal-child", str(facts), "run", str(recipe_file), "--out",
                str(run_dir)]
     with open(out_dir / "first-run.out", "w") as output:  # a file: a full pipe would stall the run
         first = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
@@ -301,8 +299,10 @@ def check_run(rehearsal: Rehearsal, run_dir: Path, facts_file: Path, killed: int
         checks.append(Check("engine log-probs", bool(gaps) and max(gaps) < 0.1,
                             f"mean gap to the trainer's {max(gaps):.4f} nats" if gaps else "no gap logged"))
     validations = sorted({row["step"] for row in store.validations()})
-    checks.append(Check("validation", list(validations) == list(range(1, STEPS + 1)),
-                        f"validated after steps {list(validations)}"))
+    first = 0 if rehearsal.recipe.validation.before_training else 1
+    checks.append(Check("validation", validations == list(range(first, STEPS + 1)),
+                        f"validated {'before training and ' if first == 0 else ''}after steps "
+                        f"{[step for step in validations if step]}"))
     kept_dirs = sorted(path.name for path in (run_dir / "checkpoints").glob("checkpoint-*"))
     checks.append(Check("checkpoints", len(kept_dirs) == 1 and (run_dir / "adapter").is_dir(),
                         f"{', '.join(kept_dirs)} kept (grpo.keep_checkpoints 1), adapter saved"))
@@ -315,11 +315,12 @@ def _tail(text: str, lines: int = 15) -> str:
 
 # --- the child process: `seal-lite run` with the stand-ins, recording what ran ------------------------------------
 
-def child(facts_file: str, arguments: list[str]) -> None:
-    """``seal-lite ARGUMENTS`` with the ground-truth stand-in, each fact the checks need appended to
-    ``facts_file``."""
-    from seal_lite.cli import main
-    from seal_lite.engines import paged_rollouts, policy
+def instrument(facts_file: str) -> None:
+    """Set this process up as a rehearsal's child (``seal-lite rehearsal-child``, which then runs ``seal-lite run``):
+    the ground-truth stand-in, fp16's loss scaling and fp16 allowed on a CPU, and each fact the checks need
+    appended to ``facts_file``."""
+    from seal_lite.engines import paged_rollouts, policy, transformers_generate
+    from seal_lite.runs import preflight
     from seal_lite.training import grpo
 
     def record(**fact) -> None:
@@ -340,17 +341,34 @@ def child(facts_file: str, arguments: list[str]) -> None:
         trainer.add_callback(_FactsCallback(trainer, record))
         return trainer
 
+    seen_attention: set[str] = set()
+
+    def record_attention(model) -> None:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if base.config._attn_implementation not in seen_attention:
+            seen_attention.add(base.config._attn_implementation)
+            record(attention=[base.config._attn_implementation])
+
     @contextlib.contextmanager
     def recording_continuous_batching(model, *args, **kwargs):
         with continuous_batching(model, *args, **kwargs) as pair:
-            base = model.get_base_model() if hasattr(model, "get_base_model") else model
-            record(attention=[base.config._attn_implementation])
+            record_attention(model)  # what the call plays with
             yield pair
 
+    def recording_generate(self, *args, **kwargs):
+        record_attention(self.model)
+        return generate(self, *args, **kwargs)
+
+    def cpu_fp16_allowed(section):  # a user's fp16 on a CPU is refused: it is slow and unscaled there
+        return [problem for problem in policy_problems(section) if problem[:2] != ("policy.dtype", "float16")]
+
+    policy_problems = preflight.policy_problems
+    preflight.policy_problems = cpu_fp16_allowed
     policy.load_policy, grpo.build_trainer = recording_load_policy, recording_build_trainer
     paged_rollouts._continuous_batching = recording_continuous_batching
     _stand_in_ground_truth()
-    main(arguments, prog_name="seal-lite")
+    generate = transformers_generate.TransformersGenerator.generate
+    transformers_generate.TransformersGenerator.generate = recording_generate
 
 
 def scale_fp16_losses(trainer) -> None:
@@ -467,7 +485,3 @@ def own_logprobs(model, mode, context: list[int], ids: list[int], temperature: f
         sequence = torch.tensor([context + ids], device=model.device)
         logits = model(input_ids=sequence).logits[0, len(context) - 1 : -1].float() / (temperature or 1.0)
         return logits.log_softmax(-1).gather(-1, sequence[0, len(context):, None])[:, 0].tolist()
-
-
-if __name__ == "__main__":
-    child(sys.argv[1], sys.argv[2:])

@@ -169,8 +169,9 @@ class SealGRPOTrainer(GRPOTrainer):
         shared prefixes; whether to shuffle the rollout batch by groups (every backend but Unsloth's)."""
         super().__init__(*args, **kwargs)
         self.max_logprob_gap, self.shared_prefix, self.group_batches = max_logprob_gap, shared_prefix, group_batches
-        # Unsloth's trainer underneath: its scoring returns its own layout, and its loss scores its own log-probs
-        self.on_unsloth = is_unsloths(type(self))
+        # Unsloth's scoring pass scores the log-probs: they come in its own layout, and its loss scores its own.
+        # The shared prefix scores in TRL's layout, whoever's trainer is underneath.
+        self.on_unsloth = is_unsloths(type(self)) and not shared_prefix
 
     def _get_train_sampler(self, dataset=None) -> ResumableRepeatSampler:
         sampler = super()._get_train_sampler(dataset)
@@ -357,7 +358,7 @@ def check_width(batch: RolloutBatch, max_width: int | None) -> None:
 
 def is_unsloths(trainer_class: type) -> bool:
     """Whether ``trainer_class`` is built on Unsloth's trainer: ``import unsloth`` rewrites trl's GRPOTrainer into
-    its ``UnslothGRPOTrainer``, whichever backend then loads the policy."""
+    its ``UnslothGRPOTrainer``, whichever backend then loads the policy (``check_trainer`` refuses all but Unsloth's)."""
     return any(cls.__name__ == "UnslothGRPOTrainer" for cls in trainer_class.__mro__)
 
 
@@ -381,13 +382,20 @@ def unsloth_to_completion_coordinates(logps: torch.Tensor, prompt_ids: torch.Ten
 
 
 def check_trainer(trainer: GRPOTrainer, backend: str) -> None:
-    """On the unsloth backend the trainer must be Unsloth's: where Unsloth cannot build its patched trainer for
+    """The trainer is Unsloth's exactly on the unsloth backend. Where Unsloth cannot build its patched trainer for
     this TRL it logs one warning and leaves TRL's, whose loss materialises the full logits (16k x 152k in bf16,
-    about 5 GB, twice) and runs out of memory where Unsloth's chunked loss fits."""
+    about 5 GB, twice) and runs out of memory where Unsloth's chunked loss fits. The other way round, ``import
+    unsloth`` patches TRL in the whole process, and its trainer calls ``model.for_training()``, which only Unsloth's
+    models have: a peft policy would fail after the first step's rollouts."""
     if backend == "unsloth" and not is_unsloths(type(trainer)):
         raise TrainerError("policy.backend unsloth, but the trainer is TRL's, not Unsloth's: Unsloth did not patch "
                            "trl.GRPOTrainer (imported before unsloth, or Unsloth's warning above says why); use "
                            "policy.backend peft-4bit, or the Unsloth and TRL versions seal-lite pins")
+    if backend != "unsloth" and is_unsloths(type(trainer)):
+        raise TrainerError(f"policy.backend {backend}, but the trainer is Unsloth's: unsloth was imported in this "
+                           "process and patched trl.GRPOTrainer, and Unsloth's trainer calls model.for_training(), "
+                           "which only Unsloth's models have; use policy.backend unsloth, or train this backend in "
+                           "a process that never imports unsloth")
 
 
 def build_trainer(policy: Policy, recipe: Recipe, task_ids: list[str], seal_step: StepFunction,

@@ -1,11 +1,15 @@
 """scripts/gpu_e2e.sh --cpu: every part of the GPU end-to-end script runs its real code on the CPU (peft and a 2-layer
-random model instead of Unsloth and Qwen2.5-1.5B's widths), each part leaving its JSON file as it ends."""
+random model instead of Unsloth and Qwen2.5-1.5B's widths; colab-t4's NF4 in fp16 as it is), each part leaving its
+JSON file as it ends."""
 
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from seal_lite.core.recipe import load_recipe
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +23,7 @@ def gpu_e2e(out: Path, *arguments: str) -> subprocess.CompletedProcess:
 def test_gpu_e2e_cpu_mode_runs_every_part_and_leaves_one_json_file_each(tmp_path):
     done = gpu_e2e(tmp_path)
     rows = {row["part"]: row for row in map(json.loads, done.stdout.splitlines())}
-    assert list(rows) == ["run_resume", "eval_base", "engine_logprobs", "decode_graphs"], done.stdout + done.stderr
+    assert list(rows) == ["run_resume", "eval_base", "engine_logprobs", "paged_fp16"], done.stdout + done.stderr
     assert done.returncode == 0, done.stdout
     for part, row in rows.items():  # each file as the part left it, naming what stands in for a user's parts
         assert json.loads((tmp_path / f"{part}.json").read_text()) == row
@@ -35,20 +39,37 @@ def test_gpu_e2e_cpu_mode_runs_every_part_and_leaves_one_json_file_each(tmp_path
     for branch in ("off_policy", "on_policy"):  # fp32 on the CPU: generation and training score alike
         assert engine[branch]["gap_mean"] and all(gap < 1e-3 for gap in engine[branch]["gap_mean"].values())
         assert len(engine[branch]["context_lengths"]) > 1 and all(engine[branch]["lora_change"].values())
-    decode = rows["decode_graphs"]
-    assert set(decode["qwen2"]) == {"eager", "rollouts", "qwen2_allowed"} and set(decode["llama"]) == {"eager", "rollouts"}
-    for arms in (decode["qwen2"], decode["llama"]):
-        assert arms["eager"]["ms_per_step"] > 0
-        assert all(arm["greedy_equal"] and arm["ms_per_step"] > 0 for name, arm in arms.items() if name != "eager")
+    paged = rows["paged_fp16"]  # colab-t4's step: NF4 in fp16 played by the paged engine, then the update
+    assert paged["checks"] and all(paged["checks"].values()), paged
+    assert paged["policy_in_play"] == {"dtype": "float16", "nf4": True} and paged["attention_in_play"] == ["paged|sdpa"]
+    assert paged["releases"] == [{"ran": True}] and paged["update_skipped"] == 0 and paged["lora_change"] > 0
+    assert paged["engine_gap_mean"] < 1e-3 and paged["update_s"] > 0 and "verdict" in paged["stand_ins"]
 
 
 def test_a_part_that_fails_leaves_its_reason_and_the_next_part_still_runs(tmp_path):
-    """eval_base needs run_resume's run: alone, it fails with its reason in its file; decode_graphs still passes."""
-    done = gpu_e2e(tmp_path, "--parts", "eval_base,decode_graphs")
+    """eval_base needs run_resume's run: alone, it fails with its reason in its file; paged_fp16 still passes."""
+    done = gpu_e2e(tmp_path, "--parts", "eval_base,paged_fp16")
     assert done.returncode == 1
     evaluation = json.loads((tmp_path / "eval_base.json").read_text())
     assert evaluation["ok"] is False and evaluation["error"] == "no run to evaluate: run_resume did not leave one"
-    assert json.loads((tmp_path / "decode_graphs.json").read_text())["ok"] is True
+    assert json.loads((tmp_path / "paged_fp16.json").read_text())["ok"] is True
+
+
+def test_on_a_gpu_engine_logprobs_trains_on_unsloth_and_run_resume_on_the_gpu_recipes_backend(tmp_path):
+    """engine_logprobs imports Unsloth, whose patched trainer takes no other backend, so its recipe names unsloth on
+    a GPU; run_resume's names peft-4bit, the GPU recipes' own; on a CPU peft stands in for both. (The recipes only:
+    the model folder is there already, so nothing is built or loaded.)"""
+    gpu_e2e_module = load_script("gpu_e2e")
+    (tmp_path / "model-qwen2-1.5b").mkdir()
+    (tmp_path / "model-qwen2-1.5b" / "config.json").write_text("{}")
+
+    def backend(part: str, cpu: bool) -> str:
+        context = gpu_e2e_module.Context(tmp_path, tmp_path, part, cpu)
+        return load_recipe(context.recipe_file("http://127.0.0.1:1")).policy.backend
+
+    assert backend("engine_logprobs", cpu=False) == "unsloth"
+    assert backend("run_resume", cpu=False) == "peft-4bit"
+    assert backend("engine_logprobs", cpu=True) == backend("run_resume", cpu=True) == "peft"
 
 
 def test_the_update_benchmarks_compare_the_ways_on_one_batch(tmp_path):

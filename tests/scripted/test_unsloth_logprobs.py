@@ -234,3 +234,46 @@ def test_on_unsloth_the_tokens_the_engines_disagree_on_leave_unsloths_loss(tmp_p
     assert store.metrics("grpo/engine/logprob_gap_mean")[0][1] > 5
     assert store.metrics("grpo/engine/filtered_share") == [(1, 1.0)]
     assert all(torch.count_nonzero(p) == 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
+
+
+# --- Unsloth's trainer under another backend -----------------------------------------------------------------------
+
+def test_a_policy_not_on_unsloth_is_refused_by_unsloths_patched_trainer(tmp_path, tiny_model_dir, monkeypatch):
+    """``import unsloth`` patches TRL in the whole process, and its trainer calls ``model.for_training()``, which a peft
+    model lacks: build_trainer refuses before any rollout, and says what to change."""
+    monkeypatch.setattr(grpo, "SealGRPOTrainer", SealOverUnsloth)
+    recipe = load_recipe(None, {"data.task_ids": TASKS, "grpo.tasks_per_step": 2, "rollout.num_generations": 2,
+                                "policy.dtype": "float32"})
+    policy = load_policy(tiny_model_dir, recipe)
+    assert policy.backend == "peft"
+    with pytest.raises(grpo.TrainerError, match=r"policy.backend peft, but the trainer is Unsloth's: .*"
+                                                r"model.for_training\(\).*use policy.backend unsloth"):
+        grpo.build_trainer(policy, recipe, TASKS, lambda task_ids: None, str(tmp_path / "trl"))
+
+
+def test_log_probs_the_shared_prefix_scored_are_compared_in_trls_columns_on_unsloths_trainer(tmp_path,
+                                                                                           tiny_model_dir):
+    """The engine comparison moves Unsloth's scores back to TRL's columns, but log-probs the shared prefix scored
+    are in TRL's columns already: compared as they are, an engine that agrees with them shows no gap and keeps
+    every token (moved as if Unsloth's, the left-padded rows would index before their first column)."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    recipe = load_recipe(None, {"policy.dtype": "float32"})
+    policy = load_policy(tiny_model_dir, recipe)
+    trainer = SealOverUnsloth(
+        model=policy.model, reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
+        args=GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, bf16=False,
+                        use_cpu=True, report_to="none"),
+        train_dataset=Dataset.from_dict({"prompt": ["a"]}), processing_class=policy.tokenizer,
+        peft_config=policy.peft_config, shared_prefix=True)
+    pad = policy.tokenizer.pad_token_id
+    prompt_ids = torch.tensor([[pad if token == PAD else token for token in row] for row in _trl_batch()[0].tolist()])
+    _, completion_ids, completion_mask = _trl_batch()
+    trained = torch.randn(completion_ids.shape, generator=torch.Generator().manual_seed(0))  # TRL's columns
+    inputs = {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "completion_mask": completion_mask,
+              "tool_mask": torch.ones_like(completion_mask)}
+
+    gap = trainer._filter_engine_gap(inputs, trained, trained.clone())
+    assert torch.equal(gap, torch.zeros(int(completion_mask.sum())))
+    assert torch.equal(inputs["tool_mask"], torch.ones_like(completion_mask))
