@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -140,7 +141,7 @@ def plan(recipe: Recipe, card, model_dir: str, task_ids: list[str], held_out: li
     settings.append(Setting("validation", f"every {recipe.validation.every} steps{before}" if recipe.validation.every
                             else "none", f"after every step{before}, one held-out task"))
     settings.append(Setting("model", f"{policy.model} ({_shape_text(model_shape(policy.model))})",
-                            f"random weights ({_shape_text(model_shape(model_dir))})"))
+                            f"random weights ({_shape_text(shrunk(model_shape(policy.model)))})"))
     mini_batches = 2  # two micro-batches of TOY_GROUP / 2 episodes: the old log-probs are TRL's pass, as off-policy
     overrides = {
         "name": f"{recipe.name}-rehearsal",
@@ -259,7 +260,8 @@ def check_run(rehearsal: Rehearsal, run_dir: Path, facts_file: Path, killed: int
     store = Store.open_readonly(run_dir / "seal.db")
     steps = {row["step"]: store.step_metrics(row["step"]) for row in store.steps()}
     finished = second.returncode == 0 and sorted(steps) == list(range(1, STEPS + 1))
-    checks.append(Check("resumed and finished", finished and f"Resuming after step {killed}" in second.stdout,
+    said = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", second.stdout)  # without a terminal's colours (a notebook's)
+    checks.append(Check("resumed and finished", finished and f"Resuming after step {killed}" in said,
                         f"steps {sorted(steps)}, exit code {second.returncode}"
                         + ("" if finished else f": {_tail(second.stdout + second.stderr)}")))
     signal = [step for step, metrics in steps.items() if metrics.get("grpo/update_skipped") == 0]

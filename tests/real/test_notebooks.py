@@ -143,6 +143,35 @@ def test_each_notebook_is_valid_and_its_code_compiles(name):
             compile(TransformerManager().transform_cell(cell.source), f"{name} cell {index}", "exec")
 
 
+def test_the_colab_notebook_runs_end_to_end_as_a_rehearsal_without_a_gpu(tmp_path, monkeypatch):
+    """Every cell of the T4 notebook but the GPU install runs on this CPU with ``REHEARSE = True``: doctor, the
+    rehearsal of colab-t4 (its fp16 with loss scaling, NF4 layers, paged engine on paged|sdpa, shared-prefix update,
+    validation, a kill and a resume) passing every check, the evaluation of the rehearsal's run beside its base
+    model, and the report shown in the notebook."""
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # its `!seal-lite`
+    notebook = nbformat.read(COLAB, as_version=4)
+    assert "pip install" in notebook.cells[2].source and "REHEARSE = False" in notebook.cells[2].source
+    notebook.cells[2] = nbformat.v4.new_code_cell("REHEARSE = True")  # the GPU install is left out
+    run_cell = next(cell for cell in notebook.cells if cell.cell_type == "code" and "seal-lite rehearse" in cell.source)
+    run_cell.source = run_cell.source.replace('OUT = "runs/colab-t4"', f'OUT = "{tmp_path}/colab-t4"')
+    client = NotebookClient(notebook, timeout=900, kernel_name=kernel_spec(tmp_path),
+                            resources={"metadata": {"path": str(ROOT)}})
+    with client.setup_kernel():
+        for index, cell in enumerate(notebook.cells):
+            client.execute_cell(cell, index)  # raises CellExecutionError, with the traceback, if a cell fails
+    outputs = "\n".join(text_of(cell) for cell in notebook.cells if cell.cell_type == "code")
+    assert "Rehearsal passed" in outputs and "FAIL" not in outputs
+    for ran in ("float16", "GradScaler", "NF4", "paged|sdpa", "resumed and finished"):
+        assert ran in outputs, ran
+    assert re.search(r"mean\s.*n=8.*n=8", outputs)  # eval: 2 tasks x 4 categories, base and trained
+    assert (tmp_path / "colab-t4-rehearsal" / "run" / "report" / "report.html").is_file()
+    shown = [output for output in notebook.cells[-2].outputs if "text/html" in output.get("data", {})]
+    assert shown  # the report, in the notebook
+
+
 # --- the Colab/Kaggle T4 notebook: cheap checks that its commands, options and recipe exist -----------------
 
 COLAB = NOTEBOOKS / "colab_t4.ipynb"
@@ -152,12 +181,14 @@ def colab_commands() -> list[list[str]]:
     """Every ``!seal-lite ...`` line of the notebook as arguments, with {VARIABLE}s from its cells filled in."""
     notebook = nbformat.read(COLAB, as_version=4)
     source = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
-    variables = dict(re.findall(r"^([A-Z_]+) = (.+?)(?:\s+#.*)?$", source, re.MULTILINE))
+    variables = {}  # the notebook's top-level assignments, in order, each evaluated with those before it
+    for name, expression in re.findall(r"^([A-Z_]+) = (.+?)(?:\s+#.*)?$", source, re.MULTILINE):
+        variables[name] = eval(expression, {}, dict(variables))  # expressions of this notebook, never model text
     commands = []
     for line in source.splitlines():
         line = line.strip()
         if line.startswith("!seal-lite "):
-            line = re.sub(r"\{(\w+)\}", lambda m: str(eval(variables[m.group(1)])), line)  # literals of this notebook
+            line = re.sub(r"\{(\w+)\}", lambda m: str(variables[m.group(1)]), line)
             commands.append(shlex.split(line[1:])[1:])
     return commands
 
@@ -186,11 +217,15 @@ def test_every_command_option_and_recipe_of_the_colab_notebook_exists():
             assert recipe.name == "colab-t4"
 
 
-def test_the_colab_notebook_installs_what_setup_installs():
-    """The gpu extra it installs exists, and bfcl-eval is the version setup.sh installs (without dependencies)."""
+def test_the_colab_notebook_installs_what_its_recipe_needs_and_no_unsloth():
+    """The t4 extra it installs holds bitsandbytes (its recipe's 4-bit layers) and not Unsloth's stack, which the
+    recipe never imports (minutes of install); bfcl-eval is the version setup.sh installs, without dependencies."""
     source = "\n".join(cell.source for cell in nbformat.read(COLAB, as_version=4).cells if cell.cell_type == "code")
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert "gpu" in extras and 'pip install -q -e ".[gpu]"' in source
+    assert 'pip install -q -e ".[t4]"' in source and ".[gpu]" not in source
+    assert any(pin.startswith("bitsandbytes==") for pin in extras["t4"])
+    assert not any(pin.startswith("unsloth") for pin in extras["t4"])
+    assert load_recipe(ROOT / "recipes" / "colab-t4.yaml").policy.backend == "peft-4bit"
     (bfcl,) = re.findall(r'"(bfcl-eval==[^"]+)"', (ROOT / "scripts" / "setup.sh").read_text())
     assert f'--no-deps "{bfcl}"' in source
 
@@ -205,9 +240,9 @@ def test_the_colab_notebook_installs_a_torch_the_driver_runs_and_stops_without_a
     torchvision = {"2.13.0": "0.28.0"}[torch_pin.removeprefix("torch==")]  # the torchvision built with that torch
     assert (f"!pip install -q {torch_pin} torchvision=={torchvision} --index-url https://download.pytorch.org/whl/cu126"
             in install)
-    assert install.index("whl/cu126") < install.index('pip install -q -e ".[gpu]"')
+    assert install.index("whl/cu126") < install.index('pip install -q -e ".[t4]"')
     guard = install[install.index("import torch"):]
     if torch.cuda.is_available():
         pytest.skip("the guard stops only where torch sees no GPU")
     with pytest.raises(RuntimeError, match="sees no GPU. Colab: Runtime > Change runtime type > T4 GPU"):
-        exec(compile(guard, "colab_t4.ipynb cell 2", "exec"), {})  # the notebook's own code, never model text
+        exec(compile(guard, "colab_t4.ipynb cell 2", "exec"), {"REHEARSE": False})  # the notebook's own code

@@ -613,7 +613,7 @@ def test_on_the_gpu_recipes_4bit_backend_each_groups_prompt_is_read_once_with_th
 
     c = case("grpo", True, dtype="bfloat16", backend="peft-4bit", checkpointing=True)
     assert sum(isinstance(module, Linear4bit) for module in c.model.modules()) > 0
-    monkeypatch.setattr(grpo, "hold_budget", lambda device: float("inf"))  # a GPU's free memory, not a CPU's none
+    monkeypatch.setattr(grpo, "hold_budget", lambda device: float("inf"))  # every suffix kept, whatever RAM is free
     rows = [prompt + completion for prompt, completion in zip(c.batch.prompt_ids, c.batch.completion_ids)]
     prefix = shared_prefix.split_point(rows)
     read = {}
@@ -628,3 +628,64 @@ def test_on_the_gpu_recipes_4bit_backend_each_groups_prompt_is_read_once_with_th
     assert torch.allclose(shared_loss, loss, rtol=1e-3), (float(shared_loss), float(loss))
     relative, _ = gradient_difference(shared_grads, grads)
     assert relative < 0.05, relative
+
+
+# --- the update as a T4 runs it: fp16, checkpointed suffixes, the budget for kept graphs ---------------------------
+
+def test_log_probs_are_fp32_whatever_the_models_dtype():
+    """A T4's policy computes in fp16, where log-probs near -10 are 0.008 apart: the LM head's logits go to fp32
+    before the log-softmax, so the log-probs (and the ratio TRL takes of them) keep fp32's precision."""
+    generator = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(64, 4096, bias=False).half()
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(4096, 64, generator=generator) * 0.5)
+    hidden = torch.randn(300, 64, generator=generator).half()
+    targets = torch.randint(0, 4096, (300,), generator=generator)
+    logps, entropies = shared_prefix.head_logps(head, hidden, targets, 0.7, entropy=True, entropy_grad=False,
+                                                recompute=False)
+    reference = (head(hidden).double() / 0.7).log_softmax(-1)  # the fp16 logits, then exact arithmetic
+    assert logps.dtype == entropies.dtype == torch.float32
+    assert float((logps.detach().double() - reference.gather(1, targets[:, None])[:, 0]).abs().max()) < 1e-5
+    assert logps.min() < -10  # where fp16 rounds a log-prob by up to 0.004
+
+
+def test_the_recomputed_suffix_is_checkpointed_with_its_tokens_as_an_argument(tiny_model_dir, monkeypatch):
+    """torch stashes and restores the RNG of the devices of a checkpoint's tensor arguments only: a suffix
+    recomputed in the backward pass must get its tokens as an argument, or on a GPU its replay would draw other
+    LoRA dropout masks than its forward did (the CPU's RNG is always stashed, so only the call shows it here)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear"))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    calls = []
+    checkpoint = shared_prefix.checkpoint
+
+    def recording_checkpoint(function, *args, **kwargs):
+        calls.append((function.__name__, [type(arg) for arg in args]))
+        return checkpoint(function, *args, **kwargs)
+
+    monkeypatch.setattr(shared_prefix, "checkpoint", recording_checkpoint)
+    input_ids = torch.tensor([list(range(100, 130)) + tail for tail in ([7, 8, 9], [7, 10, 11])])
+    logps, _ = shared_prefix.score_completions(model, input_ids, torch.ones_like(input_ids), 3,
+                                               torch.ones(2, 3, dtype=torch.bool), 1.0, hold_bytes=0.0)
+    logps.sum().backward()
+    suffixes = [types for name, types in calls if name == "suffix_logps"]
+    assert len(suffixes) == 2 and all(torch.Tensor in types for types in suffixes)
+
+
+def test_the_budget_for_kept_suffix_graphs_counts_the_allocators_cache(monkeypatch):
+    """After the rollouts PyTorch keeps their KV cache's memory for itself: the driver reports it taken, yet the
+    update's tensors would get it. The budget is half of the driver's free memory plus that cache; on a CPU, half
+    the RAM available."""
+    import psutil
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 * gib, 16 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 9 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2 * gib)
+    assert shared_prefix.hold_budget(torch.device("cuda", 0)) == shared_prefix.HOLD_SHARE * 8 * gib
+    available = psutil.virtual_memory().available
+    assert 0.4 * available < shared_prefix.hold_budget(torch.device("cpu")) < 0.6 * available

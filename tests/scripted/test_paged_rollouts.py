@@ -207,3 +207,87 @@ def test_a_4bit_policy_plays_with_its_lora(tiny_model_dir, smol_tokenizer):
         without = torch_logprobs(model, prompt, ids, 1.0)
     sampled = torch.tensor(generator.sampled_logprobs[0])
     assert (with_lora - sampled).abs().max() < 0.1 < (without - sampled).abs().max()
+
+
+# --- what a GPU would do differently: the attention installed libraries pick, the pool's memory, live rows -------
+
+def test_the_engine_plays_paged_sdpa_even_where_flash_attention_is_installed(policy, smol_tokenizer, monkeypatch):
+    """Given plain sdpa, transformers swaps in FlashAttention for continuous batching wherever flash-attn (or
+    ``kernels``) is installed: on a T4 the first forward fails, on Ampere+ it turns on CUDA graphs and a paged
+    decode whose block size must be a multiple of 256. The engine asks for ``paged|sdpa`` itself."""
+    from transformers.generation.continuous_batching import continuous_api
+
+    from seal_lite.engines import paged_rollouts
+
+    monkeypatch.setattr(continuous_api, "is_flash_attn_3_available", lambda *args, **kwargs: False)
+    monkeypatch.setattr(continuous_api, "is_flash_attn_2_available", lambda *args, **kwargs: True)  # installed
+    played_with = []
+    fresh = paged_rollouts._continuous_batching
+
+    @contextlib.contextmanager
+    def recording(model, *args):
+        with fresh(model, *args) as pair:
+            played_with.append(model.get_base_model().config._attn_implementation)
+            yield pair
+
+    monkeypatch.setattr(paged_rollouts, "_continuous_batching", recording)
+    prompt = smol_tokenizer("List the files in the current directory.")["input_ids"]
+    PagedGenerator(policy, smol_tokenizer, cache_tokens=2048).generate([prompt], max_new_tokens=3, temperature=1.0)
+    assert played_with == ["paged|sdpa"]
+    assert policy.get_base_model().config._attn_implementation == "sdpa"  # its own attention back afterwards
+
+
+def test_release_hands_the_pool_back_once_nothing_holds_it(policy, smol_tokenizer, monkeypatch):
+    """The step calls ``release`` once its rollouts are done, before the update: the pool must be unreferenced when
+    PyTorch's cache is emptied, or its memory stays cached and the update's budget for kept suffix graphs (and
+    anything else that reads the driver's free memory) sees it as taken."""
+    import weakref
+
+    from seal_lite.engines import paged_rollouts
+
+    pools, emptied = [], []
+    fresh = paged_rollouts._continuous_batching
+
+    @contextlib.contextmanager
+    def recording(*args):
+        with fresh(*args) as (manager, processor):
+            pools.append(weakref.ref(processor.cache.key_cache[0]))
+            yield manager, processor
+
+    monkeypatch.setattr(paged_rollouts, "_continuous_batching", recording)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append([pool() is None for pool in pools]))
+    generator = PagedGenerator(policy, smol_tokenizer, cache_tokens=2048)
+    generator.generate([smol_tokenizer("List the files.")["input_ids"]], max_new_tokens=3, temperature=1.0)
+    generator.release()
+    assert pools and emptied and emptied[-1] == [True]
+
+
+def test_no_more_episodes_live_than_the_pool_holds_at_full_length(policy, smol_tokenizer, monkeypatch, tiny_model_dir):
+    """colab-t4 asks for 32 live episodes where its pool holds about 11 of 16k tokens: the engine would evict and
+    read again what it cannot hold. The engine a recipe gets keeps pool // context episodes live, at most the
+    recipe's ``generation_batch_size``, and plays the same messages."""
+    recipe = load_recipe(None, {"policy.model": tiny_model_dir, "rollout.backend": "paged",
+                                "rollout.max_context_tokens": 1024, "rollout.cache_tokens": 3 * 1024 + 100,
+                                "rollout.generation_batch_size": 8})
+    with rollout_engine(recipe, policy, smol_tokenizer, None) as (generator, _):
+        assert generator.max_live == 3
+    from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
+
+    live, most, messages = set(), [0], {}
+    prompts = [smol_tokenizer(f"Task {n}: list the files, then sort them. " * 3)["input_ids"] for n in range(6)]
+    expected = TransformersGenerator(policy, smol_tokenizer).generate(prompts, 6, 0.0)
+    add_request = ContinuousBatchingManager.add_request
+
+    def counting_add_request(manager, ids, request_id, **kwargs):
+        live.add(request_id)
+        most[0] = max(most[0], len(live))
+        return add_request(manager, ids, request_id=request_id, **kwargs)
+
+    def on_message(row, ids, logprobs):
+        live.discard(f"{row}-0")
+        messages[row] = ids
+        return None  # one message an episode
+
+    monkeypatch.setattr(ContinuousBatchingManager, "add_request", counting_add_request)
+    generator.generate_continuously(prompts, [6] * 6, 0.0, on_message, max_live=8)
+    assert most[0] == 3 and [messages[row] for row in range(6)] == expected

@@ -203,6 +203,19 @@ def test_the_plan_prints_cost_and_power_and_says_what_three_seeds_cannot_do(caps
     assert "| KV pool tokens (episodes of 16k) |" in paged and "a paged step at least 30 ms" in paged
     t4_pool = design["cards"][-1]["paged_pool_tokens"]
     assert "SDPA without flash attention" in paged and f"| T4 (15 GB) | {t4_pool:,} ({t4_pool // 16384}) |" in paged
+    assert "copied to every attention head" in paged and "(17 times their bytes, counted)" in paged  # 3 + 2 x 28 / 4
+    assert "which generate's estimate does not yet count" in paged
+    # the update's peak: the one `seal-lite recipe --card` prints, the whole-budget episode's opening given
+    from seal_lite.core.memory import GIB
+
+    recipe, shape = design["recipe"], KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"]
+    assert design["update_gb"] * GIB == plan.update_peak_bytes(shape, 16384, 2, recipe.policy.lora_r, True,
+                                                               plan.MEASURED_EPISODES["train"]["opening"])
+    for row in design["cards"]:
+        memory = plan.card_memory(recipe, shape, row["card"])
+        assert row["update_gb"] == memory["update_gb"]
+        assert ("update tight" in text.split(f"| {row['card'].name} (")[1].split("|")[0]) != memory["update_fits"]
+    assert f"the update's estimated peak is {design['update_gb']:.1f} GB" in text
 
 
 def test_the_measured_episodes_count_the_datas_calls_and_turns():
