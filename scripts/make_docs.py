@@ -31,10 +31,13 @@ WRITERS = {"step": "Written with each step's rows (`seal_lite/core/records.py`):
 
 
 def command_paths(group: click.Group = main, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Every command of the tree as its words after `seal-lite`, the group itself first, subcommands sorted."""
+    """Every command of the tree as its words after `seal-lite`, the group itself first, subcommands sorted; hidden
+    ones (a process seal-lite starts for itself) left out."""
     paths = [prefix]
     for name in sorted(group.commands):
         command = group.commands[name]
+        if command.hidden:
+            continue
         if isinstance(command, click.Group):
             paths += command_paths(command, (*prefix, name))
         else:

@@ -362,7 +362,7 @@ def rehearse(recipe, overrides, out, card):
 
     done = api.rehearse(recipe, api.parse_overrides(overrides), out, card, echo=click.echo)
     width = max(len(setting.name) for setting in done.settings)
-    click.echo(f"\n{'':{width}}  on a {done.card.name}  |  rehearsed here")
+    click.echo(f"\n{'':{width}}  on the {done.card.name}  |  rehearsed here")
     for setting in done.settings:
         click.echo(f"{setting.name:{width}}  {setting.on_card}  |  {setting.rehearsed}"
                    + (f"\n{'':{width}}    ({setting.note})" if setting.note else ""))

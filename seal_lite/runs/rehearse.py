@@ -133,7 +133,7 @@ def plan(recipe: Recipe, card, model_dir: str, task_ids: list[str], held_out: li
     attention = {"paged": "paged|sdpa", "transformers": "sdpa"}.get(engine_ran, "llama.cpp's")
     settings.append(Setting("attention", attention, attention + " (checked as it plays)"))
     checkpointing = policy.gradient_checkpointing is not False
-    shared = recipe.grpo.shared_prefix and ran != "unsloth"
+    shared = recipe.grpo.shared_prefix and backend != "unsloth"  # Unsloth's trainer reads each trajectory whole
     settings.append(Setting("update", _update_text(shared, checkpointing), _update_text(shared, checkpointing),
                             "suffix graphs kept within half the free memory, RAM here" if shared and checkpointing
                             else ""))
@@ -151,7 +151,7 @@ def plan(recipe: Recipe, card, model_dir: str, task_ids: list[str], held_out: li
         "rollout.max_model_calls": 2, "rollout.max_new_tokens": 16, "rollout.cache_tokens": None,
         "data.task_ids": task_ids, "data.task_file": None, "data.screen": None,
         "grpo.tasks_per_step": TOY_TASKS_PER_STEP, "grpo.steps": STEPS, "grpo.mini_batches": mini_batches,
-        "grpo.micro_batch_size": None, "grpo.keep_checkpoints": 1,
+        "grpo.micro_batch_size": None, "grpo.keep_checkpoints": 1, "grpo.shared_prefix": shared,
         "validation.every": 1, "validation.task_ids": held_out,
         "validation.before_training": recipe.validation.before_training,
         "diagnoser.max_per_step": 1,
@@ -186,10 +186,9 @@ def rehearse(recipe: Recipe, out_dir: Path, card=None, echo=lambda line: None) -
                           "-e '.[test]' (or bash scripts/setup.sh)")
     card = card or default_card(recipe)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model_dir = out_dir / "toy-model"
-    if not (model_dir / "config.json").exists():
-        family = "llama" if "llama" in recipe.policy.model.lower() else "qwen2"
-        random_model_dir(shrunk(model_shape(recipe.policy.model)), str(model_dir), family=family)
+    model_dir = out_dir / "toy-model"  # built afresh (about a second): the recipe's model may have changed
+    family = "llama" if "llama" in recipe.policy.model.lower() else "qwen2"
+    random_model_dir(shrunk(model_shape(recipe.policy.model)), str(model_dir), family=family)
     environment = find_environment(recipe.data.environment)
     tasks = slice_tasks(recipe, select_task_ids(recipe))
     playable = [task_id for task_id, task in tasks.items() if task.ground_truth and task.ground_truth[0]]
@@ -205,7 +204,7 @@ def rehearse(recipe: Recipe, out_dir: Path, card=None, echo=lambda line: None) -
     recipe_file.write_text(yaml.safe_dump(toy_recipe.model_dump(mode="json"), sort_keys=False))
     run_dir, facts = out_dir / "run", out_dir / FACTS
     started = time.perf_counter()
-    echo(f"Rehearsing {recipe.name} for a {card.name} in {out_dir}: {STEPS} steps, killed after step 1's "
+    echo(f"Rehearsing {recipe.name} for the {card.name} in {out_dir}: {STEPS} steps, killed after step 1's "
          "checkpoint and resumed")
     command = [sys.executable, "-m", "seal_lite", "rehearsal-child", str(facts), "run", str(recipe_file), "--out",
                str(run_dir)]

@@ -29,7 +29,7 @@ def rehearsed_24gb(tmp_path_factory):
 def test_the_24gb_recipe_rehearses_in_its_own_configuration(rehearsed_24gb):
     out, result = rehearsed_24gb
     assert result.exit_code == 0, result.output
-    assert "on a RTX 4090" in result.output and "Rehearsal passed" in result.output and "FAIL" not in result.output
+    assert "on the RTX 4090" in result.output and "Rehearsal passed" in result.output and "FAIL" not in result.output
     facts = [json.loads(line) for line in (out / rehearse.FACTS).read_text().splitlines()]
     assert {fact["dtype"] for fact in facts if "dtype" in fact} == {"torch.bfloat16"}
     assert {fact["backend"] for fact in facts if "backend" in fact} == {"peft-4bit"}
@@ -41,7 +41,7 @@ def test_the_paper_recipe_rehearses_with_its_validation_before_training(tmp_path
     result = CliRunner().invoke(main, ["rehearse", str(ROOT / "recipes" / "paper-qwen2.5-7b.yaml"),
                                        "--out", str(tmp_path / "paper")])
     assert result.exit_code == 0, result.output
-    assert "on a A100 80GB" in result.output and "validated before training and after steps [1, 2]" in result.output
+    assert "on the A100 80GB" in result.output and "validated before training and after steps [1, 2]" in result.output
 
 
 def test_the_checks_fail_on_a_run_that_did_not_do_what_the_card_does(rehearsed_24gb, tmp_path):

@@ -248,7 +248,7 @@ def test_unsloth_rollouts_decode_in_its_rl_scope_and_free_its_graphs_before_the_
     """Unsloth replays its decode step as CUDA graphs only inside its RL generation scope: seal-lite's rollouts enter
     it, and leave it through release_for_training (graphs and decode buffers freed) before for_training, as Unsloth's
     own RL trainers do (unsloth/models/rl.py, unsloth_unwrap_model_for_generation). A stand-in for Unsloth's modules
-    records the order of the calls (Unsloth itself needs a GPU: scripts/gpu_e2e.sh's decode_graphs part times it)."""
+    records the order of the calls (Unsloth itself needs a GPU)."""
     from seal_lite.engines.policy import _unsloth_generation_mode
 
     site = tmp_path / "site"

@@ -55,6 +55,7 @@ def test_what_a_cpu_cannot_run_is_replaced_by_the_nearest_and_named():
     assert "Unsloth needs a GPU" in seen["policy backend"].note
     assert seen["rollout engine"].rehearsed == "paged" and "vLLM needs a GPU" in seen["rollout engine"].note
     assert done.overrides["policy.backend"] == "peft-4bit" and done.overrides["rollout.backend"] == "paged"
+    assert seen["update"].on_card.startswith("one pass per trajectory") and not done.overrides["grpo.shared_prefix"]
 
 
 def test_a_dtype_the_recipe_names_is_kept_whatever_the_card():
