@@ -426,14 +426,30 @@ def test_shared_prefix_loss_and_lora_gradients_equal_one_pass_per_trajectory(cas
         assert bool(((ratio > dual_clip) & (advantages < 0)).any())
 
 
+@pytest.fixture
+def trl_log_softmax_in_fp32(monkeypatch):
+    """TRL's pass per trajectory takes the log-softmax of 16-bit logits in 16 bits (bf16 log-probs near -10 are 0.06
+    apart, and the off-policy ratio exp(new - old) moves by as much); the shared prefix takes it in fp32. The 16-bit
+    comparisons of the two give TRL's pass the same fp32 log-softmax, so that they compare the passes, not that
+    rounding."""
+    from trl.trainer import grpo_trainer
+
+    plain, with_entropy = grpo_trainer.selective_log_softmax, grpo_trainer.selective_log_softmax_and_entropy
+    monkeypatch.setattr(grpo_trainer, "selective_log_softmax",
+                        lambda logits, *args, **kwargs: plain(logits.float(), *args, **kwargs))
+    monkeypatch.setattr(grpo_trainer, "selective_log_softmax_and_entropy",
+                        lambda logits, *args, **kwargs: with_entropy(logits.float(), *args, **kwargs))
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
-def test_bf16_shared_prefix_loss_and_lora_gradients_equal_one_pass_per_trajectory(case, loss_type):
+def test_bf16_shared_prefix_loss_and_lora_gradients_equal_one_pass_per_trajectory(case, loss_type,
+                                                                                  trl_log_softmax_in_fp32):
     """In bf16 the shared prefix's keys and values are the same bf16 numbers TRL's padded rows compute, so the
     two passes differ only in summation order and padding: far less than either differs from the fp32-style
     reference above."""
     c = case(loss_type, True, dtype="bfloat16")
     shared_loss, _, shared_grads = c.trl_result("off", shared=True)
-    loss, _, grads = c.trl_result("off", shared=False)
+    loss, _, grads = c.trl(c.inputs_for("off", shared=False), shared=False)  # not the cached 16-bit softmax's
     assert float(loss.abs()) > 1e-4 and all(float(g.abs().max()) > 0 for g in grads)
     assert torch.allclose(shared_loss, loss, rtol=1e-3), (float(shared_loss), float(loss))
     relative, _ = gradient_difference(shared_grads, grads)
@@ -604,7 +620,8 @@ def test_kept_suffix_graphs_give_the_same_gradients_and_read_each_suffix_once(ti
     assert all(float(g.abs().max()) > 0 for g in recomputed[1].values())
 
 
-def test_on_the_gpu_recipes_4bit_backend_each_groups_prompt_is_read_once_with_the_same_gradients(case, monkeypatch):
+def test_on_the_gpu_recipes_4bit_backend_each_groups_prompt_is_read_once_with_the_same_gradients(case, monkeypatch,
+                                                                                                 trl_log_softmax_in_fp32):
     """The GPU recipes' backend (peft-4bit: NF4 base weights, bf16 compute, gradient checkpointing), suffix graphs
     kept as on a GPU with memory free: TRL's loss and LoRA gradients with the group's prompt computed once agree
     with one pass per trajectory as the bf16 comparison above does, and the decoder reads the prompt once (the
