@@ -201,7 +201,9 @@ def _fix_chat_stop_token(tokenizer, model) -> None:
 
 def model_shape(model: str):
     """The ``Shape`` of ``policy.model`` without loading it: a GPU recipe's model (``KNOWN_SHAPES``, so no hub is
-    asked) or a local model directory's config.json."""
+    asked) or a local model directory's config.json with a decoder's plain fields; ``ConfigError`` otherwise (a GGUF,
+    a registry name, another hub id)."""
+    import dataclasses
     import json
 
     from seal_lite.core.errors import ConfigError
@@ -209,7 +211,11 @@ def model_shape(model: str):
 
     if model in KNOWN_SHAPES:
         return KNOWN_SHAPES[model]
-    if (Path(model) / "config.json").is_file():
-        return Shape.from_config(json.loads((Path(model) / "config.json").read_text()))
-    raise ConfigError(f"the shape of policy.model {model!r} is unknown here: known are {', '.join(KNOWN_SHAPES)} and "
-                      "local model directories (their config.json)")
+    try:
+        shape = Shape.from_config(json.loads((Path(model).expanduser() / "config.json").read_text()))
+    except (OSError, ValueError, TypeError):  # no such file, not JSON, or no attention heads
+        shape = None
+    if shape is None or None in dataclasses.astuple(shape):
+        raise ConfigError(f"the shape of policy.model {model!r} is unknown here: known are {', '.join(KNOWN_SHAPES)} "
+                          "and local model directories (their config.json)")
+    return shape

@@ -12,16 +12,15 @@ the plan's figures (seal_lite/core/plan.py): a recipe that cannot fit stops here
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
-import json
 import os
 import re
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from seal_lite.core.memory import GIB, KNOWN_SHAPES, Shape
+from seal_lite.core.errors import ConfigError
+from seal_lite.core.memory import GIB
 from seal_lite.core.plan import Card, card_memory
 from seal_lite.core.recipe import (
     DataConfig,
@@ -357,18 +356,6 @@ def out_dir_problem(out_dir: Path) -> str | None:
     return None
 
 
-def model_shape(spec: str) -> Shape | None:
-    """The shape of policy.model ``spec`` where it is known without loading the model: a GPU recipe's model
-    (``KNOWN_SHAPES``) or a model directory's config.json; None otherwise (a GGUF, a registry name, another hub id)."""
-    if spec in KNOWN_SHAPES:
-        return KNOWN_SHAPES[spec]
-    try:
-        shape = Shape.from_config(json.loads((Path(spec).expanduser() / "config.json").read_text()))
-    except (OSError, ValueError, TypeError):  # no such file, not JSON, or no attention heads: nothing to plan with
-        return None
-    return None if None in dataclasses.astuple(shape) else shape  # a config without a decoder's plain fields
-
-
 FIT_OVERRIDE = ("`seal-lite recipe RECIPE --card here` shows the plan; recipes/gpu-24gb.yaml is made for a 24 GB card "
                 "and recipes/colab-t4.yaml for a T4; `seal-lite run --no-fit-check` starts it anyway")
 
@@ -378,7 +365,13 @@ def fit_problems(recipe) -> list[Problem]:
     memory (``plan.card_memory``, as `seal-lite recipe RECIPE --card here` prints them): its widest generate call or
     its paged engine's pool (the memory model), and its update (an estimate). None without a GPU, or for a policy
     whose shape is unknown here (``model_shape``)."""
-    if not _cuda_available() or (shape := model_shape(recipe.policy.model)) is None:
+    from seal_lite.engines.model_sources import model_shape
+
+    if not _cuda_available():
+        return []
+    try:
+        shape = model_shape(recipe.policy.model)
+    except ConfigError:  # a GGUF, a registry name, a hub id: nothing to plan with
         return []
     name, total = _gpu_memory()
     memory = card_memory(recipe, shape, Card(name, total / GIB, 0, 0))
