@@ -10,9 +10,9 @@ again, which must resume and finish. It then says what ran, what stood in for wh
 
 Stand-ins, each in the report:
 
-* the weights are random, so no episode would pass a task and no update would happen: every first message of a
-  training episode is the task's ground truth with probability 1/2 (from torch's generator, so a resumed step
-  replays alike), its log-probs scored by the policy itself, so the engine comparison still compares engines;
+* the weights are random, so no episode would pass a task and no update would happen: the first half of each
+  group's episodes answer their first message with the task's ground truth (the same rows on a resumed step), its
+  log-probs scored by the policy itself, so the engine comparison still compares engines;
 * each step plays ``TOY_TASKS_PER_STEP`` task(s) of the recipe's slice, ``TOY_GROUP`` episodes each, of one turn
   and short messages; validation runs after every step on one held-out task; the diagnoser is the recipe's, at
   most one diagnosis a step;
@@ -292,8 +292,8 @@ def check_run(rehearsal: Rehearsal, run_dir: Path, facts_file: Path, killed: int
     want_kept = "suffix graphs kept" in settings["update"].on_card
     checks.append(Check("update path", bool(updates) and all(fact["shared_prefix"] == shared for fact in updates)
                         and kept == want_kept,
-                        f"shared prefix {updates[-1]['shared_prefix'] if updates else '?'}, suffix graphs kept "
-                        f"{'within ' + format(max(f['hold_bytes'] for f in updates) / 2**30, '.1f') + ' GiB' if kept else 'none'}"))
+                        f"shared prefix {updates[-1]['shared_prefix'] if updates else '?'}, suffix graphs kept: "
+                        + (f"up to {max(f['hold_bytes'] for f in updates) / 2**30:.1f} GiB" if kept else "none")))
     gaps = [metrics["grpo/engine/logprob_gap_mean"] for metrics in steps.values()
             if "grpo/engine/logprob_gap_mean" in metrics]
     if settings["rollout engine"].rehearsed in ("paged", "llamacpp"):
