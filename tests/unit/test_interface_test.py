@@ -95,3 +95,30 @@ def test_the_summary_prints_no_figure_before_every_planned_record_exists(tmp_pat
     interface_test.summary(design)
     done = capsys.readouterr().out
     assert "phi_err: +0.000" in done and "2.00 s a play" in done
+
+
+@pytest.mark.parametrize("low, high, verdict", [
+    (-0.10, 0.12, "within"), (0.02, 0.40, "lower end above 0"), (-0.40, -0.02, "upper end below 0"),
+    (-0.30, 0.30, "inconclusive"), (-0.10, 0.145, "indeterminate"), (0.005, 0.30, "indeterminate"),
+    (-0.159, 0.10, "indeterminate")])
+def test_the_decision_rule_and_its_indeterminate_band(low, high, verdict):
+    assert interface_test.decision(low, high).startswith(verdict)
+
+
+def batch(state: int, plain: float, interface: float) -> dict:
+    return {"state": state, "arms": {"plain": {"delta": {"J1": plain}}, "interface": {"delta": {"J1": interface}}}}
+
+
+def test_t_is_the_mean_of_the_entering_states_relative_gains_and_a_state_without_progress_is_left_out():
+    moving = [batch(0, plain, plain * 1.2 + noise) for plain, noise in zip([1.0, 1.1, 0.9, 1.05, 0.95, 1.0],
+                                                                             [0.01, -0.02, 0.0, 0.02, -0.01, 0.0])]
+    still = [batch(1, plain, plain + 0.5) for plain in (0.2, -0.2, 0.1, -0.1, 0.15, -0.15)]  # no progress
+    effect = interface_test.relative_effect({0: moving, 1: still}, "J1", resamples=5_000)
+    plain = [b["arms"]["plain"]["delta"]["J1"] for b in moving]
+    differences = [b["arms"]["interface"]["delta"]["J1"] - p for b, p in zip(moving, plain)]
+    assert effect["per_state"][0]["enters"] and not effect["per_state"][1]["enters"]
+    assert effect["T"] == pytest.approx(sum(differences) / sum(plain))
+    low, high = effect["interval"]
+    assert low < effect["T"] < high and low > 0.1
+    assert effect["p"] < 0.05
+    assert interface_test.relative_effect({1: still}, "J1", resamples=1_000)["T"] is None
