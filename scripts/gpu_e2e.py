@@ -99,8 +99,8 @@ PAGED_STAND_INS = {"policy": "random-init weights, local tokenizer", "diagnoser"
                    "verdict": "every other episode of each group judged passed (a random model passes none)"}
 T4_POOL_TOKENS = 200_000  # paged_fp16's pool on a GPU: about a T4's (seal-lite recipe recipes/colab-t4.yaml --card t4)
 CPU_OVERRIDES = {"policy.device": "auto"}  # paged_fp16 on a CPU: colab-t4 asks for a GPU; its pool is 4 contexts
-CPU_STAND_INS = {"loss_scaling": "none: accelerate makes no GradScaler on a CPU (fp16 weights and NF4 compute as on "
-                                 "the card)"}
+CPU_STAND_INS = {"loss_scaling": "accelerate makes no GradScaler on a CPU: the one it makes on a GPU is given to it "
+                                 "(seal-lite rehearse's scale_fp16_losses)"}
 
 
 # --- the parts ---------------------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def paged_fp16(ctx: Context, result: dict) -> bool:
         recipe = load_recipe(ROOT / "recipes" / "colab-t4.yaml", toy | {"diagnoser.url": url})
         api.run(recipe, out)
     metrics = Store.open_readonly(out / "seal.db").step_metrics(1)
-    scaler = step["trainer"].accelerator.scaler  # fp16's GradScaler (accelerate makes none on a CPU)
+    scaler = step["trainer"].accelerator.scaler  # fp16's GradScaler
     scaling = scaler and scaler.state_dict()
     optimizer_steps = updates_per_step(recipe)
     result |= {
@@ -248,7 +248,7 @@ def paged_fp16(ctx: Context, result: dict) -> bool:
             ctx.cpu or release["reserved_after_gb"] < release["reserved_before_gb"] for release in step["releases"]),
         "update_taken": result["update_skipped"] == 0 and (result["lora_change"] or 0) > 0,
         "finite_gradient": result["grad_norm"] is not None and math.isfinite(result["grad_norm"]),
-        "no_step_skipped": ctx.cpu or (bool(scaling) and scaling["_growth_tracker"] == optimizer_steps),
+        "no_step_skipped": bool(scaling) and scaling["_growth_tracker"] == optimizer_steps,
         "engine_gap_below_0.1": result["engine_gap_mean"] is not None and result["engine_gap_mean"] < 0.1,
     }
     return all(checks.values())
@@ -537,6 +537,7 @@ def watch_step(cuda: bool) -> dict:
     import torch
 
     from seal_lite.engines.paged_rollouts import PagedGenerator
+    from seal_lite.runs.rehearse import scale_fp16_losses
     from seal_lite.training.grpo import SealGRPOTrainer
 
     seen = {"attention": set(), "releases": []}
@@ -544,6 +545,7 @@ def watch_step(cuda: bool) -> dict:
 
     def watched_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
+        scale_fp16_losses(self)  # on a CPU, the GradScaler accelerate makes on a GPU (and makes none of here)
         seen["trainer"] = self
 
     def watched_play(self, *args, **kwargs):

@@ -44,6 +44,8 @@ def test_gpu_e2e_cpu_mode_runs_every_part_and_leaves_one_json_file_each(tmp_path
     assert paged["policy_in_play"] == {"dtype": "float16", "nf4": True} and paged["attention_in_play"] == ["paged|sdpa"]
     assert paged["releases"] == [{"ran": True}] and paged["update_skipped"] == 0 and paged["lora_change"] > 0
     assert paged["engine_gap_mean"] < 1e-3 and paged["update_s"] > 0 and "verdict" in paged["stand_ins"]
+    # fp16's GradScaler ran (the one accelerate makes on a GPU) and skipped no optimizer step
+    assert paged["grad_scaler"]["steps_in_a_row"] == paged["optimizer_steps"] > 0
 
 
 def test_a_part_that_fails_leaves_its_reason_and_the_next_part_still_runs(tmp_path):
