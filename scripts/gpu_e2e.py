@@ -63,7 +63,6 @@ import itertools
 import json
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -107,6 +106,8 @@ CPU_STAND_INS = {"loss_scaling": "accelerate makes no GradScaler on a CPU: the o
 
 def run_resume(ctx: Context, result: dict) -> bool:
     """seal-lite run, SIGKILL once step 1's checkpoint is committed, the same command again to the end."""
+    from seal_lite.runs.rehearse import kill_after_checkpoint  # seal-lite rehearse kills and resumes the same way
+
     run_dir = ctx.work / "run"
     with stub_diagnoser() as url:
         command = [*ctx.harness("cli"), "run", str(ctx.recipe_file(url)), "--out", str(run_dir)]
@@ -604,21 +605,6 @@ def t4_attention(cuda: bool):
 
 def gigabytes(size: int) -> float:
     return round(size / 2**30, 3)
-
-
-def kill_after_checkpoint(process: subprocess.Popen, db_path: Path) -> int | None:
-    """SIGKILL ``process`` as soon as its store has a committed checkpoint; the last committed step then, or None
-    if the process ended first."""
-    while process.poll() is None:
-        with contextlib.suppress(sqlite3.Error):
-            with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=1)) as db:
-                step = db.execute("SELECT MAX(step) FROM checkpoints").fetchone()[0]
-            if step is not None:
-                process.kill()  # SIGKILL, as kill -9: the process cannot react
-                process.wait()
-                return step
-        time.sleep(0.1)
-    return None
 
 
 def read_store(db_path: Path) -> dict:
